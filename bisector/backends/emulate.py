@@ -1,0 +1,119 @@
+"""`emulate`: exact FP16 *storage* emulation on the CPU (DESIGN §4), the default backend.
+
+The graph stays FP32; wherever a real FP16 build would store a tensor in FP16, the value is rounded the way an
+FP16 tensor holds it. ONNX Runtime's CPU provider is never asked to run FP16 itself: it silently computes FP16
+graphs in FP32 (measured), which would approve every plan.
+
+Cost per plan: only the forward cone of the plan's FP16 nodes is recomputed (see executor.py); sessions are
+built once per node, not once per plan.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+import onnxruntime as ort
+
+from .. import __version__
+from ..catalog import Catalog
+from ..executor import NodeExecutor, feeds_digest
+from ..fp16 import round_activation, round_weight
+from ..plan import Plan
+
+
+class EmulateBackend:
+    name = "emulate"
+
+    def __init__(self, threads: int = 0, reference_cache_size: int = 8):
+        self.threads = threads
+        self.reference_cache_size = reference_cache_size
+        self.catalog: Catalog | None = None
+        self.executor: NodeExecutor | None = None
+        self._references: dict[str, dict[str, np.ndarray]] = {}
+        self._rounded_weights: dict[str, np.ndarray] = {}
+
+    # ---- protocol ------------------------------------------------------------------------------------------
+    def open(self, catalog: Catalog) -> None:
+        self.catalog = catalog
+        self.executor = NodeExecutor(catalog, threads=self.threads)
+        self._references.clear()
+        self._rounded_weights.clear()
+
+    def describe(self) -> dict[str, str]:
+        return {"backend": self.name, "onnxruntime": ort.__version__, "rules": "fp16-storage-v1", "bisector": __version__}
+
+    def close(self) -> None:
+        self.executor = None
+        self._references.clear()
+
+    def run(self, plan: Plan, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        tensors = self.run_all(plan, feeds)
+        names = list(outputs) if outputs is not None else self.catalog.output_names
+        return {n: tensors[n] for n in names}
+
+    # ---- extras used by `run --mark-all` and `profile` -------------------------------------------------------
+    def reference(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """All tensors of the FP32 run for these feeds (computed once per distinct feeds)."""
+        key = feeds_digest(feeds)
+        ref = self._references.get(key)
+        if ref is None:
+            if len(self._references) >= self.reference_cache_size:
+                self._references.pop(next(iter(self._references)))
+            ref = self._references[key] = self.executor.run_reference(feeds)
+        return ref
+
+    def run_all(self, plan: Plan, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Every tensor under `plan` (a view: unchanged tensors are the reference's arrays)."""
+        ref = self.reference(feeds)
+        fp16 = plan.fp16
+        if not fp16:
+            return ref
+        changed = self.executor.run_changed(
+            ref, fp16, read_input=lambda n, i, t, v: self._read(fp16, n, i, t, v),
+            write_output=lambda n, o, v: self._write(fp16, n, o, v),
+        )
+        return _Overlay(changed, ref)
+
+    # ---- the rules of DESIGN §4 ------------------------------------------------------------------------------
+    def _read(self, fp16: frozenset[str], node: str, index: int | None, tensor: str, value: np.ndarray) -> np.ndarray:
+        if node not in fp16 or value.dtype != np.float32:
+            return value
+        cat = self.catalog
+        if index is not None and cat.is_parameter(node, index):
+            return value  # shapes, scales, bounds: never data
+        if tensor in cat.weights:
+            w = self._rounded_weights.get(tensor)
+            if w is None:
+                w = self._rounded_weights[tensor] = round_weight(value)
+            return w
+        producer = cat.producers.get(tensor)
+        if producer is not None and producer in fp16:
+            return value  # already stored in FP16 by its producer
+        return round_activation(value)
+
+    @staticmethod
+    def _write(fp16: frozenset[str], node: str, tensor: str, value: np.ndarray) -> np.ndarray:
+        if node in fp16 and value.dtype == np.float32:
+            return round_activation(value)
+        return value
+
+
+class _Overlay(dict):
+    """Changed tensors over the reference, without copying the reference."""
+
+    def __init__(self, changed: dict, reference: Mapping):
+        super().__init__(changed)
+        self._reference = reference
+
+    def __missing__(self, key):
+        return self._reference[key]
+
+    def __contains__(self, key):
+        return dict.__contains__(self, key) or key in self._reference
+
+    def keys(self):  # type: ignore[override]
+        return list(self._reference.keys())
+
+    def get(self, key, default=None):
+        return self[key] if key in self else default

@@ -1,0 +1,274 @@
+"""The catalog: loads a model once, names every node uniquely, and lists candidates and pinned nodes.
+
+Everything downstream speaks node names. Unnamed nodes are named the way TensorRT's ONNX parser names their
+layers (`node_of_<first output>`), so names in our artifacts match layer names in the user's build.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+import onnx
+from onnx import TensorProto
+
+from .errors import UsageError
+from .optable import NEVER_CANDIDATES, SUBGRAPH_OPS, is_parameter_input, model_opset, supports_fp16
+
+FLOAT = TensorProto.FLOAT
+
+
+@dataclass
+class Catalog:
+    path: Path
+    model: onnx.ModelProto
+    sha256: str
+    names: list[str]
+    candidates: tuple[str, ...]
+    pinned: dict[str, str]
+    tensor_types: dict[str, int]
+    weights: frozenset[str]
+    outer_inputs: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    # ---- loading -------------------------------------------------------------------------------------------
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Catalog":
+        path = Path(path)
+        model = _load_model(path)
+        return cls.from_model(model, path=path, sha256=_digest(path, model))
+
+    @classmethod
+    def from_model(cls, model: onnx.ModelProto, path: Path | None = None, sha256: str | None = None) -> "Catalog":
+        graph = model.graph
+        if not graph.node:
+            raise UsageError(f"{path or 'model'}: the graph has no nodes")
+        names = _assign_unique_names(graph)
+        tensor_types = _tensor_types(model)
+        weights = frozenset(
+            [i.name for i in graph.initializer]
+            + [o for n in graph.node if n.op_type == "Constant" for o in n.output]
+        )
+        opset = model_opset(model)
+        outer = {n.name: _outer_scope_inputs(n) for n in graph.node if _has_subgraph(n)}
+        shape_nodes = _shape_computation_nodes(graph, opset)
+        candidates, pinned = [], {}
+        for node in graph.node:
+            if node.op_type in NEVER_CANDIDATES:
+                continue
+            tensors = [t for t in list(node.input) + list(node.output) + list(outer.get(node.name, ())) if t]
+            if not any(tensor_types.get(t, FLOAT) == FLOAT for t in tensors):
+                continue  # no floating-point tensor: nothing to keep in FP32
+            if node.name in shape_nodes:
+                pinned[node.name] = "shape computation: its outputs only feed shape/index parameters"
+            elif node.op_type in ("Loop", "Scan"):
+                pinned[node.name] = f"control flow ({node.op_type}): its body is not split; kept FP32 as one unit"
+            elif not supports_fp16(node.op_type, node.domain, opset if node.domain in ("", "ai.onnx") else None):
+                pinned[node.name] = f"{node.op_type} has no FP16 type in the ONNX schema"
+            else:
+                candidates.append(node.name)
+        return cls(
+            path=path or Path("<memory>"),
+            model=model,
+            sha256=sha256 or hashlib.sha256(model.SerializeToString()).hexdigest(),
+            names=names,
+            candidates=tuple(candidates),
+            pinned=pinned,
+            tensor_types=tensor_types,
+            weights=weights,
+            outer_inputs=outer,
+        )
+
+    # ---- views ---------------------------------------------------------------------------------------------
+    @cached_property
+    def nodes(self) -> dict[str, onnx.NodeProto]:
+        return {n.name: n for n in self.model.graph.node}
+
+    @cached_property
+    def producers(self) -> dict[str, str]:
+        return {o: n.name for n in self.model.graph.node for o in n.output if o}
+
+    @cached_property
+    def input_names(self) -> list[str]:
+        inits = {i.name for i in self.model.graph.initializer}
+        return [i.name for i in self.model.graph.input if i.name not in inits]
+
+    @cached_property
+    def output_names(self) -> list[str]:
+        return [o.name for o in self.model.graph.output]
+
+    @cached_property
+    def opset(self) -> int | None:
+        return model_opset(self.model)
+
+    def is_float(self, tensor: str) -> bool:
+        return self.tensor_types.get(tensor, FLOAT) == FLOAT
+
+    def node_inputs(self, name: str) -> list[str]:
+        """Explicit inputs followed by outer-scope values its subgraphs read (If/Loop/Scan)."""
+        node = self.nodes[name]
+        return [t for t in node.input if t] + list(self.outer_inputs.get(name, ()))
+
+    def is_parameter(self, node_name: str, index: int) -> bool:
+        node = self.nodes[node_name]
+        if index >= len(node.input):  # outer-scope values of a subgraph are data
+            return False
+        return is_parameter_input(node.op_type, index, node.domain, self.opset if node.domain in ("", "ai.onnx") else None)
+
+    def unknown(self, names) -> list[str]:
+        known = set(self.names)
+        return sorted(n for n in names if n not in known)
+
+
+# ---- helpers -----------------------------------------------------------------------------------------------
+def _load_model(path: Path) -> onnx.ModelProto:
+    if not path.exists():
+        raise UsageError(f"model file not found: {path}")
+    if path.is_dir():
+        raise UsageError(f"{path} is a directory, not an ONNX model file")
+    if path.stat().st_size == 0:
+        raise UsageError(f"{path} is empty, not an ONNX model")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # protobuf raises DecodeError and friends
+        raise UsageError(f"{path} is not a readable ONNX model ({type(exc).__name__}: {exc})") from None
+    if not model.graph.node and not model.graph.output:
+        raise UsageError(f"{path} is not a readable ONNX model (no graph)")
+    try:
+        from onnx.external_data_helper import load_external_data_for_model, uses_external_data
+
+        if any(uses_external_data(t) for t in model.graph.initializer):
+            load_external_data_for_model(model, str(path.parent))
+    except Exception as exc:
+        raise UsageError(f"{path}: cannot load its external data files ({exc})") from None
+    return model
+
+
+def _digest(path: Path, model: onnx.ModelProto) -> str:
+    """sha256 of the model file and the external data files it names (content, not names, decides)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    locations = sorted(
+        {e.value for t in model.graph.initializer for e in t.external_data if e.key == "location"}
+    )
+    for loc in locations:
+        p = path.parent / loc
+        if p.exists():
+            with open(p, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    h.update(chunk)
+    return h.hexdigest()
+
+
+def _assign_unique_names(graph: onnx.GraphProto) -> list[str]:
+    taken = {n.name for n in graph.node if n.name}
+    seen: set[str] = set()
+    names = []
+    for i, node in enumerate(graph.node):
+        name = node.name
+        if not name or name in seen:
+            base = name or (f"node_of_{node.output[0]}" if node.output and node.output[0] else f"{node.op_type}_{i}")
+            name, k = base, 1
+            while name in seen or (name != node.name and name in taken):
+                name = f"{base}_{k}"
+                k += 1
+            node.name = name
+        seen.add(name)
+        names.append(name)
+    return names
+
+
+def _tensor_types(model: onnx.ModelProto) -> dict[str, int]:
+    types: dict[str, int] = {}
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+        infos = list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output)
+    except Exception:
+        infos = list(model.graph.value_info) + list(model.graph.input) + list(model.graph.output)
+    for vi in infos:
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
+            types[vi.name] = vi.type.tensor_type.elem_type
+    for init in model.graph.initializer:
+        types[init.name] = init.data_type
+    for node in model.graph.node:
+        if node.op_type == "Constant":
+            for attr in node.attribute:
+                if attr.name == "value":
+                    types[node.output[0]] = attr.t.data_type
+                elif attr.name in ("value_float", "value_floats"):
+                    types[node.output[0]] = FLOAT
+                elif attr.name in ("value_int", "value_ints"):
+                    types[node.output[0]] = TensorProto.INT64
+        elif node.op_type in ("Shape", "Size"):
+            types[node.output[0]] = TensorProto.INT64
+        elif node.op_type == "Cast":
+            for attr in node.attribute:
+                if attr.name == "to":
+                    types[node.output[0]] = attr.i
+    return types
+
+
+def _has_subgraph(node: onnx.NodeProto) -> bool:
+    return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
+
+
+def _outer_scope_inputs(node: onnx.NodeProto) -> tuple[str, ...]:
+    """Names a node's subgraphs read from the enclosing scope (free variables), in first-use order."""
+    free: list[str] = []
+
+    def visit(graph: onnx.GraphProto, bound: set[str]) -> None:
+        bound = bound | {i.name for i in graph.input} | {i.name for i in graph.initializer}
+        for n in graph.node:
+            for t in n.input:
+                if t and t not in bound and t not in free:
+                    free.append(t)
+            for a in n.attribute:
+                for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                    visit(g, bound)
+            bound |= set(n.output)
+        for o in graph.output:
+            if o.name not in bound and o.name not in free:
+                free.append(o.name)
+
+    for a in node.attribute:
+        for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+            visit(g, set())
+    return tuple(free)
+
+
+def _shape_computation_nodes(graph: onnx.GraphProto, opset: int | None) -> set[str]:
+    """Nodes whose every output only feeds shape/index parameters (directly or through other such nodes)."""
+    consumers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
+    for node in graph.node:
+        for i, t in enumerate(node.input):
+            if t:
+                consumers.setdefault(t, []).append((node, i))
+    graph_outputs = {o.name for o in graph.output}
+    shape_nodes: set[str] = set()
+    for node in reversed(graph.node):
+        if not node.output or _has_subgraph(node):
+            continue
+        ok = True
+        for out in node.output:
+            if not out:
+                continue
+            uses = consumers.get(out, [])
+            if out in graph_outputs or not uses:
+                ok = False
+                break
+            for consumer, idx in uses:
+                if consumer.name in shape_nodes:
+                    continue
+                dom = consumer.domain
+                if not is_parameter_input(consumer.op_type, idx, dom, opset if dom in ("", "ai.onnx") else None):
+                    ok = False
+                    break
+            if not ok:
+                break
+        if ok:
+            shape_nodes.add(node.name)
+    return shape_nodes
