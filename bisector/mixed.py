@@ -1,0 +1,173 @@
+"""The strongly typed mixed-precision ONNX of a plan (`model.mixed.onnx`; TensorRT 11, TensorRT-RTX, ort-cuda).
+
+FP16 nodes get real FP16 tensors; Casts sit at the boundaries; weights read by FP16 nodes become FP16 copies
+converted by the rule of `fp16.convert_weight` (the same rule the emulation applies), while FP32 readers keep the
+exact original. Graph inputs and outputs keep their types.
+
+Naming: the FP16 version of a float tensor `t` is always `t__fp16` (the producer's own output when the producer
+is FP16, else a Cast or a converted initializer). The FP32 name `t` stays valid wherever an FP32 reader, a
+subgraph or a graph output needs it (a Cast back when the producer is FP16), so nothing outside FP16 regions is
+renamed — subgraphs of If/Loop/Scan that read outer-scope values keep working untouched.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from .catalog import Catalog
+from .fp16 import convert_weight, round_activation
+from .optable import _schema
+from .plan import Plan
+
+FLOAT, FLOAT16 = TensorProto.FLOAT, TensorProto.FLOAT16
+_ANY_TYPE_READERS = frozenset({"Shape", "Size", "Cast", "CastLike"})
+
+
+def fp16_name(tensor: str) -> str:
+    return f"{tensor}__fp16"
+
+
+def build_mixed_model(catalog: Catalog, plan: Plan | frozenset[str]) -> onnx.ModelProto:
+    """The mixed-precision model: `plan` (or an FP32 set) FP32, every other candidate FP16."""
+    if not isinstance(plan, Plan):
+        plan = Plan(frozenset(plan), catalog.candidates)
+    fp16_nodes = plan.fp16
+    src = catalog.model
+    model = onnx.ModelProto()
+    model.CopyFrom(src)
+    graph = model.graph
+    del graph.node[:]
+    del graph.value_info[:]  # stale after retyping; consumers re-infer
+
+    weights = {i.name: i for i in src.graph.initializer}
+    constants = {n.output[0]: n for n in src.graph.node if n.op_type == "Constant"}
+    graph_outputs = {o.name for o in src.graph.output}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in src.graph.node:
+        for t in catalog.node_inputs(n.name):
+            readers.setdefault(t, []).append(n)
+
+    made_fp16: set[str] = set()  # tensors whose `t__fp16` exists already
+    new_inits: list[onnx.TensorProto] = []
+
+    def ensure_fp16(t: str, out_nodes: list[onnx.NodeProto], parameter: bool = False) -> str:
+        is_weight = t in weights or t in constants
+        # A parameter that ONNX types as T (Clip bounds) is rounded like an activation, not clamped like a
+        # weight: then min(x, round(b)) == round(min(x, b)) for FP16 x, which is what the emulation computes.
+        name = f"{t}__fp16_param" if (parameter and is_weight) else fp16_name(t)
+        key = name
+        if key in made_fp16 or t in made_fp16 and name == fp16_name(t):
+            return name
+        made_fp16.add(key if key != fp16_name(t) else t)
+        if is_weight:
+            value = numpy_helper.to_array(weights[t]) if t in weights else _constant_array(constants[t])
+            converted = round_activation(value).astype("float16") if parameter else convert_weight(value)
+            new_inits.append(numpy_helper.from_array(converted, name))
+        else:
+            out_nodes.append(helper.make_node("Cast", [t], [name], to=FLOAT16, name=f"{t}__cast_to_fp16"))
+        return name
+
+    for node in src.graph.node:
+        emitted: list[onnx.NodeProto] = []
+        if node.name not in fp16_nodes:
+            new = copy.deepcopy(node)
+            emitted.append(new)
+            graph.node.extend(emitted)
+            continue
+        in_fp16, out_fp16 = _fp16_slots(catalog, node)
+        new = copy.deepcopy(node)
+        for i, t in enumerate(node.input):
+            if t and in_fp16[i] and catalog.is_float(t):
+                new.input[i] = ensure_fp16(t, emitted, parameter=catalog.is_parameter(node.name, i))
+        producer_outputs = []
+        for i, t in enumerate(node.output):
+            if t and out_fp16[i] and catalog.is_float(t):
+                new.output[i] = fp16_name(t)
+                made_fp16.add(t)
+                producer_outputs.append(t)
+        emitted.append(new)
+        for t in producer_outputs:
+            needs_fp32 = t in graph_outputs or any(
+                r.name not in fp16_nodes or not _reads_fp16(catalog, r, t) for r in readers.get(t, [])
+            )
+            if needs_fp32:
+                emitted.append(helper.make_node("Cast", [fp16_name(t)], [t], to=FLOAT, name=f"{t}__cast_to_fp32"))
+        graph.node.extend(emitted)
+
+    graph.initializer.extend(new_inits)
+    _drop_unused(model)
+    return model
+
+
+def _fp16_slots(catalog: Catalog, node: onnx.NodeProto) -> tuple[list[bool], list[bool]]:
+    """Which inputs/outputs of an FP16 node carry FP16 tensors in the mixed model.
+
+    Data inputs whose type parameter admits float16 become FP16; a parameter input becomes FP16 only when ONNX
+    ties its type to a converted data input (Clip bounds share T with the data); Resize scales stay FP32.
+    """
+    schema = _schema(node.op_type, node.domain, catalog.opset if node.domain in ("", "ai.onnx") else None)
+    n_in, n_out = len(node.input), len(node.output)
+    if schema is None:
+        return [not catalog.is_parameter(node.name, i) for i in range(n_in)], [True] * n_out
+    allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
+
+    def formal(params, i):
+        return params[min(i, len(params) - 1)].type_str if params else ""
+
+    converted_params: set[str] = set()
+    ins = []
+    for i in range(n_in):
+        tp = formal(schema.inputs, i)
+        ok = "tensor(float16)" in allowed.get(tp, ())
+        is_data = not catalog.is_parameter(node.name, i)
+        ins.append(ok and is_data)
+        if ok and is_data:
+            converted_params.add(tp)
+    ins = [x or (formal(schema.inputs, i) in converted_params) for i, x in enumerate(ins)]
+    outs = []
+    for i in range(n_out):
+        tp = formal(schema.outputs, i)
+        ok = "tensor(float16)" in allowed.get(tp, ())
+        outs.append(ok and (tp in converted_params or not converted_params))
+    return ins, outs
+
+
+def _reads_fp16(catalog: Catalog, reader: onnx.NodeProto, t: str) -> bool:
+    ins, _ = _fp16_slots(catalog, reader)
+    return all(ins[i] for i, x in enumerate(reader.input) if x == t) and t in reader.input
+
+
+def _constant_array(node: onnx.NodeProto):
+    from .executor import _constant_value
+
+    return _constant_value(node)
+
+
+def _drop_unused(model: onnx.ModelProto) -> None:
+    """Remove initializers and Constant nodes nobody reads any more (weights now only read as FP16)."""
+    graph = model.graph
+    used = {o.name for o in graph.output}
+    for n in graph.node:
+        used.update(n.input)
+        for a in n.attribute:
+            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                used.update(_graph_reads(g))
+    keep = [i for i in graph.initializer if i.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(keep)
+    nodes = [n for n in graph.node if not (n.op_type == "Constant" and n.output[0] not in used)]
+    del graph.node[:]
+    graph.node.extend(nodes)
+
+
+def _graph_reads(graph: onnx.GraphProto) -> set[str]:
+    names = {o.name for o in graph.output}
+    for n in graph.node:
+        names.update(n.input)
+        for a in n.attribute:
+            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                names.update(_graph_reads(g))
+    return names
