@@ -1,0 +1,48 @@
+"""Write-then-rename, so an interrupted or failed write (disk full) never leaves a half-written artifact."""
+
+from __future__ import annotations
+
+import errno
+import os
+import tempfile
+from pathlib import Path
+
+from ..errors import UsageError
+
+
+def ensure_dir(path: Path) -> Path:
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create output directory {path}: {exc.strerror or exc}") from None
+    if not os.access(path, os.W_OK):
+        raise UsageError(f"output directory {path} is not writable")
+    return path
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    path = Path(path)
+    ensure_dir(path.parent if str(path.parent) else Path("."))
+    fd, tmp = None, None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "wb") as f:
+            fd = None
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as exc:
+        reason = "the disk is full" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
+        raise UsageError(f"cannot write {path}: {reason}; nothing was left half-written") from None
+    finally:
+        if fd is not None:
+            os.close(fd)
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    write_bytes_atomic(path, text.encode())

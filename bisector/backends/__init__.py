@@ -1,0 +1,27 @@
+"""Backend registry. Heavy or optional backends are imported only when chosen, so the CLI starts fast."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ..errors import UsageError
+from .base import Backend
+
+BACKENDS = ("emulate", "ort-cuda", "tensorrt", "tensorrt-rtx")
+
+
+def backend_factory(name: str, **options: Any) -> Callable[[], Backend]:
+    """A zero-argument constructor for backend `name` (the canary builds a second instance of the same kind)."""
+    if name == "emulate":
+        from .emulate import EmulateBackend
+
+        return lambda: EmulateBackend(**{k: v for k, v in options.items() if k in ("threads",)})
+    if name == "ort-cuda":
+        from .ort_cuda import OrtCudaBackend
+
+        return lambda: OrtCudaBackend(**options)
+    if name in ("tensorrt", "tensorrt-rtx"):
+        from .tensorrt import TensorRTBackend
+
+        return lambda: TensorRTBackend(rtx=(name == "tensorrt-rtx"), **options)
+    raise UsageError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")

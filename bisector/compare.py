@@ -1,0 +1,147 @@
+"""Polygraphy's comparison semantics (DESIGN §5), so tolerances and verdicts transfer between the tools.
+
+absdiff = |out - golden| (cast up to FP32 first; inf - inf is NaN), reldiff = absdiff / |golden| where golden
+zeros get Polygraphy's epsilon 2.22e-16. elemwise: an element fails only if absdiff > atol AND reldiff > rtol
+(NaN counts as exceeding). mean/median/max/quantile: fail only if both statistics exceed their tolerance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import numpy as np
+
+from .values import PerOutput
+
+EPSILON = 2.220446049250313e-16
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    atol: PerOutput[float] = field(default_factory=lambda: PerOutput(1e-5))
+    rtol: PerOutput[float] = field(default_factory=lambda: PerOutput(1e-5))
+    stat: PerOutput[str] = field(default_factory=lambda: PerOutput("elemwise"))
+    quantile: float = 0.99
+
+    def describe(self) -> dict:
+        return {"atol": self.atol.as_dict(), "rtol": self.rtol.as_dict(), "check_error_stat": self.stat.as_dict(),
+                "error_quantile": self.quantile}
+
+
+def summary(a: np.ndarray) -> dict[str, float]:
+    if a.size == 0:
+        return {"min": 0.0, "max": 0.0, "mean": 0.0, "median": 0.0}
+    with np.errstate(all="ignore"):
+        return {"min": float(np.min(a)), "max": float(np.max(a)), "mean": float(np.mean(a)), "median": float(np.median(a))}
+
+
+@dataclass
+class OutputComparison:
+    name: str
+    passed: bool
+    stat: str
+    atol: float
+    rtol: float
+    required_abs: float  # the statistic of absdiff: the smallest atol that would pass on its own
+    required_rel: float
+    abs: dict[str, float]
+    rel: dict[str, float]
+    actual: dict[str, float]
+    golden: dict[str, float]
+    mismatches: int = 0  # elemwise failing elements
+    size: int = 0
+    reason: str = ""
+    absdiff: np.ndarray | None = field(default=None, repr=False)
+
+    def to_json(self) -> dict:
+        return {
+            "passed": self.passed, "stat": self.stat, "atol": self.atol, "rtol": self.rtol,
+            "required_tolerance": {"abs": self.required_abs, "rel": self.required_rel},
+            "actual": self.actual, "golden": self.golden, "abs": self.abs, "rel": self.rel,
+            "mismatches": self.mismatches, "size": self.size, **({"reason": self.reason} if self.reason else {}),
+        }
+
+    @property
+    def excess(self) -> float:
+        """How far beyond tolerance (>1 fails): used to pick the worst input set."""
+        ra = self.required_abs / self.atol if self.atol > 0 else (np.inf if self.required_abs > 0 else 0.0)
+        rr = self.required_rel / self.rtol if self.rtol > 0 else (np.inf if self.required_rel > 0 else 0.0)
+        value = min(ra, rr)
+        return float("inf") if np.isnan(value) else float(value)
+
+
+def compare_output(name: str, actual: np.ndarray, golden: np.ndarray, tol: Tolerance, keep_diff: bool = False) -> OutputComparison:
+    stat, atol, rtol = tol.stat.get(name), tol.atol.get(name), tol.rtol.get(name)
+    if actual.shape != golden.shape:
+        nan = float("nan")
+        return OutputComparison(name, False, stat, atol, rtol, nan, nan, {}, {}, summary(_up(actual)), summary(_up(golden)),
+                                reason=f"shape {list(actual.shape)} != golden {list(golden.shape)}")
+    if actual.dtype == np.bool_ and golden.dtype == np.bool_:
+        absdiff = np.logical_xor(actual, golden).astype(np.float32)
+        g = golden.astype(np.float32)
+    else:
+        a, g = _up(actual), _up(golden)
+        with np.errstate(all="ignore"):
+            absdiff = np.abs(a - g)
+    g_eps = np.where(g == 0, g + EPSILON, g) if np.issubdtype(g.dtype, np.floating) else g
+    with np.errstate(all="ignore"):
+        reldiff = absdiff / np.abs(g_eps)
+    abs_s, rel_s = summary(absdiff), summary(reldiff)
+    mismatches = 0
+    if stat == "elemwise":
+        bad = ((absdiff > atol) | np.isnan(absdiff)) & ((reldiff > rtol) | np.isnan(reldiff))
+        mismatches = int(np.count_nonzero(bad))
+        passed = mismatches == 0
+        req_abs, req_rel = abs_s["max"], rel_s["max"]
+    else:
+        req_abs, req_rel = _statistic(absdiff, stat, tol.quantile), _statistic(reldiff, stat, tol.quantile)
+        passed = not (_exceeds(req_abs, atol) and _exceeds(req_rel, rtol))
+    if absdiff.size and np.isnan(absdiff).any():
+        req_abs, req_rel = float("nan"), float("nan")  # no finite tolerance passes a NaN/inf-vs-finite mismatch
+    return OutputComparison(
+        name, bool(passed), stat, atol, rtol, float(req_abs), float(req_rel), abs_s, rel_s,
+        summary(_up(actual)), summary(g), mismatches, int(absdiff.size), absdiff=absdiff if keep_diff else None,
+    )
+
+
+def compare_outputs(actual: Mapping[str, np.ndarray], golden: Mapping[str, np.ndarray], tol: Tolerance,
+                    keep_diff: bool = False) -> dict[str, OutputComparison]:
+    return {name: compare_output(name, actual[name], g, tol, keep_diff) for name, g in golden.items()}
+
+
+def _up(a: np.ndarray) -> np.ndarray:
+    return a.astype(np.float32) if a.dtype in (np.float16, np.bool_) or np.issubdtype(a.dtype, np.integer) else a
+
+
+def _statistic(diff: np.ndarray, stat: str, quantile: float) -> float:
+    if diff.size == 0:
+        return 0.0
+    with np.errstate(all="ignore"):
+        if stat == "max":
+            return float(np.max(diff))
+        if stat == "mean":
+            return float(np.mean(diff))
+        if stat == "median":
+            return float(np.median(diff))
+        if stat == "quantile":
+            return float(np.quantile(diff, quantile))
+    raise ValueError(stat)
+
+
+def _exceeds(value: float, tol: float) -> bool:
+    return bool(np.isnan(value) or value > tol)
+
+
+def histogram(values: np.ndarray, bins: int = 10, width: int = 40) -> str:
+    """A Polygraphy-style text histogram (finite values only)."""
+    finite = values[np.isfinite(values)].ravel()
+    if finite.size == 0:
+        return "        (no finite values)"
+    counts, edges = np.histogram(finite, bins=bins)
+    peak = max(int(counts.max()), 1)
+    lines = ["        Bin Range            |  Num Elems | Visualization"]
+    for c, lo, hi in zip(counts, edges[:-1], edges[1:]):
+        label = f"({lo:.3g}, {hi:.3g})"
+        lines.append(f"        {label:<20} | {int(c):10d} | {'#' * int(round(width * c / peak))}")
+    return "\n".join(lines)

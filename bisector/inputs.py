@@ -1,0 +1,172 @@
+"""Input feeds: generated from ranges and a seed (Polygraphy's defaults), or loaded from files; saved back.
+
+Dynamic dimensions take `--input-shapes`; without it they become 1 with a warning (Polygraphy's rule).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from .catalog import Catalog
+from .errors import UsageError
+from .polyjson import Feeds, inputs_to_json, load_inputs_json
+
+log = logging.getLogger("bisector")
+
+
+@dataclass(frozen=True)
+class InputMeta:
+    name: str
+    dtype: np.dtype
+    shape: tuple  # ints, or str/None for dynamic dims
+
+
+def input_metas(catalog: Catalog) -> list[InputMeta]:
+    metas = []
+    graph_inputs = {i.name: i for i in catalog.model.graph.input}
+    for name in catalog.input_names:
+        vi = graph_inputs[name]
+        tt = vi.type.tensor_type
+        if not vi.type.HasField("tensor_type"):
+            raise UsageError(f"input {name!r} is not a tensor (sequence/map inputs are not supported)")
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type))
+        dims = tuple(
+            d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim
+        ) if tt.HasField("shape") else None
+        metas.append(InputMeta(name, dtype, dims))
+    return metas
+
+
+def resolve_shapes(metas: Sequence[InputMeta], overrides: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    known = {m.name for m in metas}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise UsageError(f"--input-shapes names unknown input(s) {unknown}; the model's inputs are {sorted(known)}")
+    shapes = {}
+    for m in metas:
+        if m.name in overrides:
+            shape = overrides[m.name]
+            if m.shape is not None and len(shape) != len(m.shape):
+                raise UsageError(f"--input-shapes {m.name}: rank {len(shape)} but the model declares rank {len(m.shape)}")
+            for got, want in zip(shape, m.shape or ()):
+                if isinstance(want, int) and want > 0 and got != want:
+                    raise UsageError(f"--input-shapes {m.name}: {list(shape)} conflicts with the fixed shape {list(m.shape)}")
+        elif m.shape is None:
+            raise UsageError(f"input {m.name!r} has no declared shape; give it with --input-shapes {m.name}:[...]")
+        else:
+            dynamic = [d for d in m.shape if not (isinstance(d, int) and d > 0)]
+            if dynamic:
+                log.warning("input %s has dynamic dimensions %s; using 1 (set --input-shapes)", m.name, dynamic)
+            shape = tuple(d if isinstance(d, int) and d > 0 else 1 for d in m.shape)
+        shapes[m.name] = shape
+    return shapes
+
+
+def generate_inputs(
+    catalog: Catalog,
+    val_range: dict[str | None, tuple[float, float]],
+    shapes: dict[str, tuple[int, ...]] | None = None,
+    seed: int = 1,
+    iterations: int = 1,
+) -> list[Feeds]:
+    metas = input_metas(catalog)
+    unknown = sorted(k for k in val_range if k is not None and k not in {m.name for m in metas})
+    if unknown:
+        raise UsageError(
+            f"--val-range names unknown input(s) {unknown}; the model's inputs are {[m.name for m in metas]}"
+        )
+    resolved = resolve_shapes(metas, shapes or {})
+    rng = np.random.default_rng(seed)
+    feeds_list = []
+    for _ in range(iterations):
+        feeds = {}
+        for m in metas:
+            lo, hi = val_range.get(m.name, val_range.get(None, (0.0, 1.0)))
+            shape = resolved[m.name]
+            if m.dtype == np.bool_:
+                feeds[m.name] = rng.integers(0, 2, size=shape).astype(np.bool_)
+            elif np.issubdtype(m.dtype, np.integer):
+                lo_i, hi_i = int(np.ceil(lo)), int(np.floor(hi))
+                if lo_i > hi_i:
+                    raise UsageError(f"--val-range {m.name}: no integer lies in [{lo}, {hi}] for an integer input")
+                feeds[m.name] = rng.integers(lo_i, hi_i, size=shape, endpoint=True).astype(m.dtype)
+            elif np.issubdtype(m.dtype, np.floating):
+                feeds[m.name] = rng.uniform(lo, hi, size=shape).astype(m.dtype)
+            else:
+                raise UsageError(f"input {m.name!r} has dtype {m.dtype}, which bisector cannot generate; use --load-inputs")
+        feeds_list.append(feeds)
+    return feeds_list
+
+
+def load_inputs(paths: Sequence[Path], catalog: Catalog) -> list[Feeds]:
+    feeds_list: list[Feeds] = []
+    for path in paths:
+        path = Path(path)
+        if not path.exists():
+            raise UsageError(f"--load-inputs: file not found: {path}")
+        if path.suffix == ".npz":
+            try:
+                with np.load(path, allow_pickle=False) as data:
+                    feeds_list.append({k: data[k] for k in data.files})
+            except Exception as exc:
+                raise UsageError(f"--load-inputs {path}: not a readable .npz ({exc})") from None
+        else:
+            feeds_list.extend(load_inputs_json(path))
+    if not feeds_list:
+        raise UsageError("--load-inputs: the files hold no input set")
+    for i, feeds in enumerate(feeds_list):
+        check_feeds(catalog, feeds, f"--load-inputs set {i}")
+    return feeds_list
+
+
+def check_feeds(catalog: Catalog, feeds: Feeds, where: str) -> None:
+    metas = {m.name: m for m in input_metas(catalog)}
+    unknown = sorted(set(feeds) - set(metas))
+    if unknown:
+        raise UsageError(f"{where}: unknown input(s) {unknown}; the model's inputs are {sorted(metas)}")
+    missing = sorted(set(metas) - set(feeds))
+    if missing:
+        raise UsageError(f"{where}: missing input(s) {missing}")
+    for name, a in feeds.items():
+        m = metas[name]
+        if a.dtype != m.dtype:
+            raise UsageError(f"{where}: input {name!r} has dtype {a.dtype}, the model expects {m.dtype}")
+        if m.shape is not None:
+            if a.ndim != len(m.shape):
+                raise UsageError(f"{where}: input {name!r} has rank {a.ndim} {list(a.shape)}, the model expects rank {len(m.shape)} {list(m.shape)}")
+            for got, want in zip(a.shape, m.shape):
+                if isinstance(want, int) and want > 0 and got != want:
+                    raise UsageError(f"{where}: input {name!r} has shape {list(a.shape)}, the model expects {list(m.shape)}")
+
+
+def save_inputs(path: Path, feeds_list: Sequence[Feeds]) -> None:
+    from .artifacts.io import write_bytes_atomic
+
+    path = Path(path)
+    if path.suffix == ".npz":
+        import io
+
+        if len(feeds_list) != 1:
+            raise UsageError("--save-inputs: .npz holds one input set; use .json for several iterations")
+        buf = io.BytesIO()
+        np.savez(buf, **feeds_list[0])
+        write_bytes_atomic(path, buf.getvalue())
+    else:
+        write_bytes_atomic(path, inputs_to_json(feeds_list).encode())
+
+
+def inputs_digest(feeds_list: Sequence[Feeds]) -> str:
+    from .executor import feeds_digest
+
+    h = hashlib.sha256()
+    for feeds in feeds_list:
+        h.update(feeds_digest(feeds).encode())
+    return h.hexdigest()

@@ -1,0 +1,136 @@
+"""The oracle: FP32 set -> verdict. Runs the backend on every input set, compares with golden, caches, journals.
+
+Strategies only see `passes(frozenset) -> bool`. Repeated sets are answered from memory and are not counted;
+sets answered from the journal of an earlier (killed) run count as `cached`; everything else is `new`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, Sequence
+
+from .backends.base import Backend
+from .compare import OutputComparison, Tolerance, compare_outputs
+from .plan import Plan
+from .polyjson import Feeds
+
+
+class BudgetExhausted(Exception):
+    """Raised by `passes` when --max-evals or --time-limit is spent; the driver reports the best set so far."""
+
+
+@dataclass
+class Verdict:
+    fp32: frozenset[str]
+    passed: bool
+    outputs: dict[str, OutputComparison]  # of the worst input set
+    worst_set: int
+    seconds: dict[str, float] = field(default_factory=dict)
+    source: str = "new"  # new | journal
+
+    def summary(self) -> dict:
+        return {
+            "passed": self.passed, "fp32_size": len(self.fp32), "worst_input_set": self.worst_set,
+            "outputs": {k: v.to_json() for k, v in self.outputs.items()}, "seconds": self.seconds,
+        }
+
+
+class Journal(Protocol):
+    def lookup(self, plan: Plan) -> Verdict | None: ...
+
+    def record(self, plan: Plan, verdict: Verdict) -> None: ...
+
+
+@dataclass
+class Budget:
+    max_evals: int | None = None
+    time_limit: float | None = None
+    started: float = field(default_factory=time.monotonic)
+
+    def check(self, new_evals: int) -> None:
+        if self.max_evals is not None and new_evals >= self.max_evals:
+            raise BudgetExhausted(f"--max-evals {self.max_evals} reached")
+        if self.time_limit is not None and time.monotonic() - self.started >= self.time_limit:
+            raise BudgetExhausted(f"--time-limit {self.time_limit:g}s reached")
+
+
+class Oracle:
+    def __init__(
+        self,
+        backend: Backend,
+        candidates: Sequence[str],
+        feeds_list: Sequence[Feeds],
+        golden: Sequence[Feeds],
+        tolerance: Tolerance,
+        journal: Journal | None = None,
+        budget: Budget | None = None,
+        on_verdict: Callable[[Verdict], None] | None = None,
+    ):
+        self.backend = backend
+        self.candidates = tuple(candidates)
+        self.feeds_list = list(feeds_list)
+        self.golden = list(golden)
+        self.tolerance = tolerance
+        self.journal = journal
+        self.budget = budget or Budget()
+        self.on_verdict = on_verdict
+        self.verdicts: dict[frozenset[str], Verdict] = {}
+        self.new = 0
+        self.cached = 0
+        self.history: list[Verdict] = []  # distinct verdicts in the order they were first asked
+
+    @property
+    def total(self) -> int:
+        return self.new + self.cached
+
+    def best_passing(self) -> frozenset[str] | None:
+        passing = [v.fp32 for v in self.history if v.passed]
+        if not passing:
+            return None
+        order = {n: i for i, n in enumerate(self.candidates)}
+        return min(passing, key=lambda s: (len(s), sorted(order[n] for n in s)))
+
+    def passes(self, fp32: frozenset[str]) -> bool:
+        return self.evaluate(frozenset(fp32)).passed
+
+    def evaluate(self, fp32: frozenset[str], count: bool = True) -> Verdict:
+        fp32 = frozenset(fp32)
+        known = self.verdicts.get(fp32)
+        if known is not None:
+            return known
+        plan = Plan(fp32, self.candidates)
+        verdict = self.journal.lookup(plan) if self.journal is not None else None
+        if verdict is not None:
+            verdict.source = "journal"
+            self.cached += 1
+        else:
+            if count:
+                self.budget.check(self.new)
+            verdict = self._judge(plan)
+            if self.journal is not None:
+                self.journal.record(plan, verdict)
+            self.new += 1
+        self.verdicts[fp32] = verdict
+        self.history.append(verdict)
+        if self.on_verdict is not None:
+            self.on_verdict(verdict)
+        return verdict
+
+    def _judge(self, plan: Plan) -> Verdict:
+        worst: dict[str, OutputComparison] | None = None
+        worst_i, worst_score, passed = 0, -1.0, True
+        t_run = t_cmp = 0.0
+        for i, (feeds, golden) in enumerate(zip(self.feeds_list, self.golden)):
+            t0 = time.perf_counter()
+            outs = self.backend.run(plan, feeds, list(golden))
+            t1 = time.perf_counter()
+            result = compare_outputs(outs, golden, self.tolerance)
+            t_cmp += time.perf_counter() - t1
+            t_run += t1 - t0
+            ok = all(r.passed for r in result.values())
+            score = max((r.excess for r in result.values()), default=0.0)
+            passed &= ok
+            if worst is None or score > worst_score:
+                worst, worst_i, worst_score = result, i, score
+        return Verdict(plan.fp32, passed, worst or {}, worst_i, {"run": t_run, "compare": t_cmp})

@@ -1,0 +1,97 @@
+"""The search driver: loads a strategy plugin, hands it `passes`, and turns its answer into a checked result."""
+
+from __future__ import annotations
+
+import inspect
+import time
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Any, Callable
+
+from .errors import AccuracyFailure, UsageError
+from .oracle import BudgetExhausted, Oracle, Verdict
+
+GROUP = "bisector.strategies"
+NOT_MINIMAL_BY_DESIGN = frozenset({"bisect", "linear"})  # contiguous prefix/suffix answers (Polygraphy's modes)
+
+
+def available_strategies() -> dict[str, Any]:
+    """name -> entry point, built-ins and third-party plugins alike."""
+    return {ep.name: ep for ep in entry_points(group=GROUP)}
+
+
+def load_strategy(name: str, options: dict[str, Any] | None = None):
+    eps = available_strategies()
+    if name not in eps:
+        raise UsageError(f"unknown strategy {name!r}; installed: {', '.join(sorted(eps)) or 'none'}")
+    try:
+        cls = eps[name].load()
+    except Exception as exc:
+        raise UsageError(f"strategy plugin {name!r} failed to load: {exc}") from None
+    accepted = inspect.signature(cls).parameters
+    kwargs = {k: v for k, v in (options or {}).items() if v is not None and k in accepted}
+    return cls(**kwargs)
+
+
+@dataclass
+class SearchResult:
+    fp32: frozenset[str]
+    passed: bool
+    minimal: bool
+    verdict: Verdict
+    strategy: str
+    stop_reason: str | None = None
+    seconds: float = 0.0
+    evaluations: dict[str, int] = field(default_factory=dict)
+
+
+def run_search(
+    oracle: Oracle,
+    strategy_name: str,
+    strategy_options: dict[str, Any] | None = None,
+    hints: dict[str, Any] | None = None,
+    progress: Callable[[dict], None] | None = None,
+) -> SearchResult:
+    strategy = load_strategy(strategy_name, strategy_options)
+    t0 = time.perf_counter()
+    candidates = oracle.candidates
+    stop_reason = None
+    # All-FP32 first: if even that fails, no FP32 set can help and the user needs the reason, not a search.
+    try:
+        top = oracle.evaluate(frozenset(candidates))
+    except BudgetExhausted as exc:
+        raise AccuracyFailure(f"the budget ran out before any evaluation ({exc})") from None
+    if not top.passed:
+        worst = ", ".join(
+            f"{n} (needs abs {r.required_abs:.3g} / rel {r.required_rel:.3g}; tolerance {r.atol:g}/{r.rtol:g})"
+            for n, r in top.outputs.items() if not r.passed
+        )
+        raise AccuracyFailure(
+            "nothing passes, not even with every candidate FP32: failing output(s) " + worst + ". The difference "
+            "comes from outside the candidates (pinned nodes, the backend itself) or the tolerance is tighter than "
+            "FP32 run-to-run noise; loosen --atol/--rtol or check the pinned nodes with `bisector inspect`."
+        )
+    all_hints = {k: v for k, v in (hints or {}).items() if v is not None}
+    if progress is not None:
+        all_hints["progress"] = progress
+    try:
+        answer = frozenset(strategy.search(candidates, oracle.passes, **all_hints))
+    except BudgetExhausted as exc:
+        stop_reason = str(exc)
+        answer = oracle.best_passing() or frozenset(candidates)
+    unknown = answer.difference(candidates)
+    if unknown:
+        raise UsageError(f"strategy {strategy_name!r} returned names that are not candidates: {sorted(unknown)}")
+    verdict = oracle.evaluate(answer, count=False)
+    minimal = verdict.passed and stop_reason is None and strategy_name not in NOT_MINIMAL_BY_DESIGN
+    minimal = minimal and getattr(strategy, "one_minimal", True)
+    return SearchResult(
+        fp32=answer,
+        passed=verdict.passed,
+        minimal=bool(minimal),
+        verdict=verdict,
+        strategy=strategy_name,
+        stop_reason=stop_reason,
+        seconds=time.perf_counter() - t0,
+        evaluations={"total": oracle.total, "new": oracle.new, "cached": oracle.cached},
+    )
