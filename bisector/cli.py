@@ -255,24 +255,17 @@ def version() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Console entry point: Polygraphy-style argv, documented exit codes, no traceback unless --verbose."""
-    import click
+    """Console entry point: Polygraphy-style argv, documented exit codes, no traceback unless --verbose.
 
+    Flag errors are click's (exit 2, its usage message); ours are BisectorError with their own exit code.
+    """
     args = expand_multi_value_flags(list(sys.argv[1:] if argv is None else argv))
     verbose = "--verbose" in args or "-v" in args
     try:
-        app(args=args, prog_name="bisector", standalone_mode=False)
+        app(args=args, prog_name="bisector")  # standalone: click handles its own usage errors and exits
         return 0
-    except typer.Exit as exc:
-        return exc.exit_code
-    except click.exceptions.Exit as exc:
-        return exc.exit_code
-    except click.ClickException as exc:
-        exc.show()
-        return 2
-    except click.exceptions.Abort:
-        typer.echo("aborted", err=True)
-        return 130
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     except BisectorError as exc:
         if verbose:
             import traceback

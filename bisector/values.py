@@ -86,8 +86,11 @@ def parse_error_stat(tokens: Iterable[str] | None) -> PerOutput[str]:
 
 
 def _literal_list(text: str, what: str) -> list:
+    text = text.strip()
+    if not (text.startswith("[") and text.endswith("]")):
+        raise UsageError(f"{what}: {text!r} is not a list like [1,2]")
     try:
-        value = ast.literal_eval(text.strip())
+        value = ast.literal_eval(text)
     except (ValueError, SyntaxError):
         raise UsageError(f"{what}: {text!r} is not a list like [1,2]") from None
     if not isinstance(value, (list, tuple)):

@@ -1,0 +1,44 @@
+# Two commands do everything on a fresh machine (they create .venv and install on first use):
+#   make demo   - run the main job on the bundled seed model
+#   make test   - run the test suite (and the static type check of the TensorRT backend)
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+# tensorrt-stubs declares a dependency on the real tensorrt wheel, which cannot install without an NVIDIA
+# driver; the stubs alone are all the type check needs, so they are installed without dependencies.
+STUBS := tensorrt-stubs==10.13.0.35.1
+
+.PHONY: install demo test test-slow bench typecheck fixtures clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q --no-deps $(STUBS)
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/bisector precision fixtures/needs_constraints.onnx --fp16 --atol 1e-1 --val-range x:[1,2] -o bisector_out
+
+test: $(STAMP)
+	$(PY) -m pytest -q -n 2 tests
+	$(MAKE) --no-print-directory typecheck
+
+typecheck: $(STAMP)
+	$(PY) -m mypy --config-file mypy-trt.ini
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow tests
+
+bench: $(STAMP)
+	$(PY) bench/strategies.py --quick
+	$(PY) bench/emulate_speed.py
+
+fixtures: $(STAMP)
+	$(PY) fixtures/generate.py
+
+clean:
+	rm -rf $(VENV) bisector_out .pytest_cache .mypy_cache
