@@ -1,0 +1,61 @@
+"""Options shared by commands, spelled as in Polygraphy. Multi-value flags take space-separated values
+(see argv.py); each is declared once here and reused by every command."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+Model = Annotated[Path, typer.Argument(help="The ONNX model.", show_default=False)]
+ValRange = Annotated[Optional[list[str]], typer.Option("--val-range", help="Input value ranges: x:[1,2] or [0,1] for all (default [0,1]).")]
+InputShapes = Annotated[Optional[list[str]], typer.Option("--input-shapes", help="Shapes for dynamic inputs: x:[1,3,224,224].")]
+Seed = Annotated[int, typer.Option("--seed", help="Seed for generated inputs.")]
+Iterations = Annotated[int, typer.Option("--iterations", help="Number of generated input sets; a plan must pass on every one.")]
+LoadInputs = Annotated[Optional[list[Path]], typer.Option("--load-inputs", help="Input sets: Polygraphy JSON (polygraphy run --save-inputs) or .npz.")]
+SaveInputs = Annotated[Optional[Path], typer.Option("--save-inputs", help="Save the input sets used (Polygraphy JSON, or .npz).")]
+LoadOutputs = Annotated[Optional[Path], typer.Option("--load-outputs", help="Golden outputs from Polygraphy RunResults JSON instead of running ORT FP32.")]
+Atol = Annotated[Optional[list[str]], typer.Option("--atol", help="Absolute tolerance, per output with out:value (Polygraphy default 1e-5, too strict for FP16: try 1e-1).")]
+Rtol = Annotated[Optional[list[str]], typer.Option("--rtol", help="Relative tolerance, per output with out:value (Polygraphy default 1e-5).")]
+ErrorStat = Annotated[Optional[list[str]], typer.Option("--check-error-stat", help="elemwise (default), mean, median, max or quantile; per output with out:stat.")]
+ErrorQuantile = Annotated[float, typer.Option("--error-quantile", help="Quantile for --check-error-stat quantile.")]
+Fp16 = Annotated[bool, typer.Option("--fp16", help="Reduced precision to search for: FP16 (the default and only one).")]
+BackendOpt = Annotated[str, typer.Option("--backend", help="emulate (CPU FP16 storage emulation), ort-cuda, tensorrt, tensorrt-rtx.")]
+CacheDir = Annotated[Optional[Path], typer.Option("--cache-dir", help="Cache for golden outputs and the journal (default: the user cache dir).")]
+NoCache = Annotated[bool, typer.Option("--no-cache", help="Neither read nor write the golden cache.")]
+Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging and tracebacks.")]
+JsonOut = Annotated[Optional[Path], typer.Option("--json", help="Write a machine-readable summary here.")]
+
+
+def job_options(model, val_range, input_shapes, seed, iterations, load_inputs, save_inputs, load_outputs,
+                 atol, rtol, check_error_stat, error_quantile, backend, cache_dir, no_cache, backend_options=None):
+    from .session import JobOptions
+
+    return JobOptions(
+        model=model, val_range=val_range or [], input_shapes=input_shapes or [], seed=seed, iterations=iterations,
+        load_inputs=load_inputs or [], save_inputs=save_inputs, load_outputs=load_outputs, atol=atol or [],
+        rtol=rtol or [], check_error_stat=check_error_stat or [], error_quantile=error_quantile, backend=backend,
+        backend_options=backend_options or {}, cache_dir=cache_dir, no_cache=no_cache,
+    )
+
+
+def strategy_help() -> str:
+    try:
+        from .search import available_strategies
+
+        names = ", ".join(sorted(available_strategies()))
+    except Exception:  # help text must never fail
+        names = "?"
+    return f"Search strategy plugin (entry-point group bisector.strategies). Installed: {names}."
+
+
+def setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO, format="[bisector] %(levelname)s %(message)s", stream=sys.stderr
+    )
+    logging.getLogger("bisector").setLevel(logging.DEBUG if verbose else logging.INFO)
+
+
