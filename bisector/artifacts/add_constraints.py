@@ -18,10 +18,10 @@ import shlex
 from typing import Mapping, Sequence
 
 _TEMPLATE = '''\
-"""Keep {count} layer group(s) of {model_name} in FP32 in a TensorRT 10 FP16 build (written by bisector {version}).
+"""Keep the layers of {count} ONNX node(s) of {model_name} in FP32 in a TensorRT 10 FP16 build (written by bisector {version}).
 
 Use with Polygraphy:
-    polygraphy run {model_q} --trt --fp16 --precision-constraints obey --trt-npps add_constraints.py
+    polygraphy run {model_q} --trt --onnxrt --fp16 --precision-constraints obey --trt-npps add_constraints.py
 or call postprocess(network) yourself after parsing, then build with BuilderFlag.FP16 and
 BuilderFlag.OBEY_PRECISION_CONSTRAINTS.
 
@@ -82,6 +82,11 @@ def postprocess(network):
 '''
 
 
+def _doc_safe(text: str) -> str:
+    """Text that cannot end or break the generated docstring (escapes, newlines and quotes escaped)."""
+    return repr(text)[1:-1].replace('"', '\\"')
+
+
 def _literal_list(names: Sequence[str]) -> str:
     if not names:
         return "[]"
@@ -95,8 +100,8 @@ def render_add_constraints(fp32_nodes: Sequence[str], model_name: str) -> str:
     names = sorted(set(fp32_nodes))
     return _TEMPLATE.format(
         count=len(names),
-        model_name=repr(model_name)[1:-1].replace('"""', "'''"),
-        model_q=shlex.quote(model_name),
+        model_name=_doc_safe(model_name),
+        model_q=_doc_safe(shlex.quote(model_name)),
         version=__version__,
         nodes=_literal_list(names),
     )
