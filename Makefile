@@ -28,7 +28,7 @@ test: $(STAMP)
 	$(MAKE) --no-print-directory typecheck
 
 typecheck: $(STAMP)
-	$(PY) -m mypy --config-file mypy-trt.ini
+	$(PY) typecheck/check_tensorrt.py
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow tests

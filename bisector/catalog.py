@@ -16,7 +16,12 @@ import onnx
 from onnx import TensorProto
 
 from .errors import UsageError
-from .optable import NEVER_CANDIDATES, SUBGRAPH_OPS, is_parameter_input, model_opset, supports_fp16
+from .optable import (
+    NEVER_CANDIDATES,
+    is_parameter_input,
+    model_opset,
+    supports_fp16,
+)
 
 FLOAT = TensorProto.FLOAT
 
@@ -137,7 +142,10 @@ def _load_model(path: Path) -> onnx.ModelProto:
     if not model.graph.node and not model.graph.output:
         raise UsageError(f"{path} is not a readable ONNX model (no graph)")
     try:
-        from onnx.external_data_helper import load_external_data_for_model, uses_external_data
+        from onnx.external_data_helper import (
+            load_external_data_for_model,
+            uses_external_data,
+        )
 
         if any(uses_external_data(t) for t in model.graph.initializer):
             load_external_data_for_model(model, str(path.parent))

@@ -27,6 +27,14 @@ BackendOpt = Annotated[str, typer.Option("--backend", help="emulate (CPU FP16 st
 CacheDir = Annotated[Optional[Path], typer.Option("--cache-dir", help="Cache for golden outputs and the journal (default: the user cache dir).")]
 NoCache = Annotated[bool, typer.Option("--no-cache", help="Neither read nor write the golden cache.")]
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging and tracebacks.")]
+# TensorRT backends (ignored by emulate / ort-cuda)
+PrecisionConstraints = Annotated[str, typer.Option("--precision-constraints", help="TensorRT 10 weak typing: obey (default) or prefer.")]
+StronglyTyped = Annotated[bool, typer.Option("--strongly-typed", help="TensorRT >= 10.12: build strongly typed from the mixed-precision ONNX.")]
+LoadTimingCache = Annotated[Optional[Path], typer.Option("--load-timing-cache", help="TensorRT timing cache to start from.")]
+SaveTimingCache = Annotated[Optional[Path], typer.Option("--save-timing-cache", help="Save the search's shared TensorRT timing cache here.")]
+OptLevel = Annotated[Optional[int], typer.Option("--builder-optimization-level", help="TensorRT builder optimization level (0-5).")]
+TacticSources = Annotated[Optional[list[str]], typer.Option("--tactic-sources", help="TensorRT tactic sources to enable (space-separated).")]
+SaveEngines = Annotated[Optional[Path], typer.Option("--save-engines", help="Keep each candidate's TensorRT engine in this directory.")]
 JsonOut = Annotated[Optional[Path], typer.Option("--json", help="Write a machine-readable summary here.")]
 
 
@@ -59,3 +67,20 @@ def setup_logging(verbose: bool) -> None:
     logging.getLogger("bisector").setLevel(logging.DEBUG if verbose else logging.INFO)
 
 
+
+
+def backend_options(input_shapes, precision_constraints="obey", strongly_typed=False, load_timing_cache=None,
+                    save_timing_cache=None, builder_optimization_level=None, tactic_sources=None,
+                    save_engines=None) -> dict:
+    """Backend keyword options from flags; each backend takes the ones it knows (see backends/__init__.py)."""
+    from .errors import UsageError
+    from .values import parse_input_shapes
+
+    if precision_constraints not in ("obey", "prefer"):
+        raise UsageError(f"--precision-constraints {precision_constraints!r}: choose obey or prefer")
+    return {
+        "precision_constraints": precision_constraints, "strongly_typed": strongly_typed or None,
+        "load_timing_cache": load_timing_cache, "save_timing_cache": save_timing_cache,
+        "builder_optimization_level": builder_optimization_level, "tactic_sources": tactic_sources,
+        "save_engines": save_engines, "input_shapes": parse_input_shapes(input_shapes) or None,
+    }

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-import onnx
 from onnx import helper
 
 from .catalog import Catalog

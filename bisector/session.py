@@ -20,7 +20,12 @@ from .golden import Golden, default_cache_dir, get_golden
 from .inputs import generate_inputs, inputs_digest, load_inputs, save_inputs
 from .oracle import Budget, Oracle
 from .polyjson import Feeds
-from .values import parse_error_stat, parse_input_shapes, parse_tolerance, parse_val_range
+from .values import (
+    parse_error_stat,
+    parse_input_shapes,
+    parse_tolerance,
+    parse_val_range,
+)
 
 log = logging.getLogger("bisector")
 

@@ -7,8 +7,8 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, Field
 
-from .io import write_text_atomic
 from ..errors import UsageError
+from .io import write_text_atomic
 
 SCHEMA_VERSION = 1
 

@@ -6,7 +6,7 @@ from ..catalog import Catalog
 from .constraints import Constraints
 
 
-def render_report(catalog: Catalog, c: Constraints, strings: dict[str, str], extra: str = "") -> str:
+def render_report(catalog: Catalog, c: Constraints, strings: dict, extra: str = "") -> str:
     ops = {n: catalog.nodes[n].op_type for n in c.fp32_nodes if n in catalog.nodes}
     status = "PASSED" if c.passed else "FAILED"
     lines = [
@@ -41,8 +41,9 @@ def render_report(catalog: Catalog, c: Constraints, strings: dict[str, str], ext
         "",
         "- TensorRT 10 (weak typing) with Polygraphy:",
         f"  `polygraphy run {catalog.path.name} --trt --fp16 --precision-constraints obey --trt-npps add_constraints.py`",
-        f"  or `--layer-precisions {strings.get('polygraphy', '')}`" if c.fp32_nodes else "",
-        f"- trtexec: `{strings.get('trtexec', '')}`" if c.fp32_nodes else "",
+        f"  or `polygraphy run {catalog.path.name} --trt {strings.get('polygraphy', '')}`" if c.fp32_nodes else "",
+        f"- trtexec: `trtexec --onnx={catalog.path.name} {strings.get('trtexec', '')}`" if c.fp32_nodes else "",
+        *(f"  - note: {n}" for n in strings.get("notes", []) if c.fp32_nodes),
         "- TensorRT 11 / TensorRT-RTX (strongly typed): build `model.mixed.onnx` (precision lives in the graph).",
         "",
     ]

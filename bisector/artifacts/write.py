@@ -28,7 +28,8 @@ def write_artifacts(out_dir: Path, catalog: Catalog, constraints: Constraints, e
     # Build everything in memory first: a failure here leaves no artifact of this run behind.
     mixed = build_mixed_model(catalog, frozenset(fp32))
     onnx.checker.check_model(mixed)
-    strings = layer_precision_strings(fp32)
+    float_outputs = {n: [catalog.is_float(o) for o in catalog.nodes[n].output if o] for n in fp32}
+    strings = layer_precision_strings(fp32, float_outputs=float_outputs)
     script = render_add_constraints(fp32, catalog.path.name)
     report = render_report(catalog, constraints, strings, extra_report)
 

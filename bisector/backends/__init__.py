@@ -19,9 +19,12 @@ def backend_factory(name: str, **options: Any) -> Callable[[], Backend]:
     if name == "ort-cuda":
         from .ort_cuda import OrtCudaBackend
 
-        return lambda: OrtCudaBackend(**options)
+        return lambda: OrtCudaBackend(**{k: v for k, v in options.items() if k in ("device_id", "strict")})
     if name in ("tensorrt", "tensorrt-rtx"):
-        from .tensorrt import TensorRTBackend
+        from .tensorrt import TensorRTBackend, TensorRTRTXBackend
 
-        return lambda: TensorRTBackend(rtx=(name == "tensorrt-rtx"), **options)
+        cls = TensorRTRTXBackend if name == "tensorrt-rtx" else TensorRTBackend
+        trt_keys = ("precision_constraints", "strongly_typed", "load_timing_cache", "save_timing_cache",
+                    "builder_optimization_level", "tactic_sources", "save_engines", "input_shapes")
+        return lambda: cls(**{k: v for k, v in options.items() if k in trt_keys and v is not None})
     raise UsageError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")

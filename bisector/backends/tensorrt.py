@@ -35,7 +35,12 @@ import onnx
 from .. import __version__
 from ..errors import BackendFailure, BuildFailure, UsageError
 from ..plan import Plan
-from .trt_import import import_cudart, import_tensorrt, import_tensorrt_rtx, parse_version
+from .trt_import import (
+    import_cudart,
+    import_tensorrt,
+    import_tensorrt_rtx,
+    parse_version,
+)
 
 if TYPE_CHECKING:  # pragma: no cover - the real module is only imported lazily
     import tensorrt as trt

@@ -22,13 +22,21 @@ from ..cli_options import (
     JsonOut,
     LoadInputs,
     LoadOutputs,
+    LoadTimingCache,
     Model,
     NoCache,
+    OptLevel,
+    PrecisionConstraints,
     Rtol,
+    SaveEngines,
     SaveInputs,
+    SaveTimingCache,
     Seed,
+    StronglyTyped,
+    TacticSources,
     ValRange,
     Verbose,
+    backend_options,
     job_options,
     setup_logging,
     strategy_help,
@@ -55,6 +63,13 @@ def precision(
     strategy: Annotated[str, typer.Option("--strategy", help=strategy_help())] = "greedy",
     direction: Annotated[Optional[str], typer.Option("--direction", help="bisect/linear: forward (FP32 prefix) or reverse (suffix).")] = None,
     backend: BackendOpt = "emulate",
+    precision_constraints: PrecisionConstraints = "obey",
+    strongly_typed: StronglyTyped = False,
+    load_timing_cache: LoadTimingCache = None,
+    save_timing_cache: SaveTimingCache = None,
+    builder_optimization_level: OptLevel = None,
+    tactic_sources: TacticSources = None,
+    save_engines: SaveEngines = None,
     output_dir: Annotated[Path, typer.Option("-o", "--output-dir", help="Where to write the artifacts.")] = Path("bisector_out"),
     cache_dir: CacheDir = None,
     no_cache: NoCache = False,
@@ -75,7 +90,10 @@ def precision(
     ensure_dir(output_dir)  # fail on an unwritable -o before hours of search
     t0 = time.perf_counter()
     job = build_job(job_options(model, val_range, input_shapes, seed, iterations, load_inputs, save_inputs,
-                                 load_outputs, atol, rtol, check_error_stat, error_quantile, backend, cache_dir, no_cache))
+                                 load_outputs, atol, rtol, check_error_stat, error_quantile, backend, cache_dir, no_cache,
+                                 backend_options(input_shapes, precision_constraints, strongly_typed, load_timing_cache,
+                                                 save_timing_cache, builder_optimization_level, tactic_sources,
+                                                 save_engines)))
     t_setup = time.perf_counter() - t0
     cat = job.catalog
     log.info("%s: %d candidates, %d pinned; golden %s", cat.path.name, len(cat.candidates), len(cat.pinned), job.golden.source)

@@ -22,13 +22,21 @@ from ..cli_options import (
     JsonOut,
     LoadInputs,
     LoadOutputs,
+    LoadTimingCache,
     Model,
     NoCache,
+    OptLevel,
+    PrecisionConstraints,
     Rtol,
+    SaveEngines,
     SaveInputs,
+    SaveTimingCache,
     Seed,
+    StronglyTyped,
+    TacticSources,
     ValRange,
     Verbose,
+    backend_options,
     job_options,
     setup_logging,
 )
@@ -56,6 +64,13 @@ def run(
     load_outputs: LoadOutputs = None,
     save_outputs: Annotated[Optional[Path], typer.Option("--save-outputs", help="Save this configuration's outputs as Polygraphy RunResults JSON.")] = None,
     backend: BackendOpt = "emulate",
+    precision_constraints: PrecisionConstraints = "obey",
+    strongly_typed: StronglyTyped = False,
+    load_timing_cache: LoadTimingCache = None,
+    save_timing_cache: SaveTimingCache = None,
+    builder_optimization_level: OptLevel = None,
+    tactic_sources: TacticSources = None,
+    save_engines: SaveEngines = None,
     cache_dir: CacheDir = None,
     no_cache: NoCache = False,
     json_out: JsonOut = None,
@@ -73,7 +88,10 @@ def run(
     if mark_all and backend != "emulate":
         raise UsageError("--mark-all needs --backend emulate (other backends expose only graph outputs)")
     job = build_job(job_options(model, val_range, input_shapes, seed, iterations, load_inputs, save_inputs,
-                                 load_outputs, atol, rtol, check_error_stat, error_quantile, backend, cache_dir, no_cache))
+                                 load_outputs, atol, rtol, check_error_stat, error_quantile, backend, cache_dir, no_cache,
+                                 backend_options(input_shapes, precision_constraints, strongly_typed, load_timing_cache,
+                                                 save_timing_cache, builder_optimization_level, tactic_sources,
+                                                 save_engines)))
     cat = job.catalog
     wanted = list(fp32 or [])
     if constraints is not None:
