@@ -35,6 +35,7 @@ SaveTimingCache = Annotated[Optional[Path], typer.Option("--save-timing-cache", 
 OptLevel = Annotated[Optional[int], typer.Option("--builder-optimization-level", help="TensorRT builder optimization level (0-5).")]
 TacticSources = Annotated[Optional[list[str]], typer.Option("--tactic-sources", help="TensorRT tactic sources to enable (space-separated).")]
 SaveEngines = Annotated[Optional[Path], typer.Option("--save-engines", help="Keep each candidate's TensorRT engine in this directory.")]
+JunitOut = Annotated[Optional[Path], typer.Option("--junit", help="Write JUnit XML here: one test case per model output.")]
 JsonOut = Annotated[Optional[Path], typer.Option("--json", help="Write a machine-readable summary here.")]
 
 

@@ -62,6 +62,13 @@ class OutputComparison:
             "mismatches": self.mismatches, "size": self.size, **({"reason": self.reason} if self.reason else {}),
         }
 
+    @classmethod
+    def from_json(cls, name: str, d: dict) -> "OutputComparison":
+        req = d.get("required_tolerance", {})
+        return cls(name, bool(d["passed"]), d["stat"], float(d["atol"]), float(d["rtol"]), float(req.get("abs", "nan")),
+                   float(req.get("rel", "nan")), d.get("abs", {}), d.get("rel", {}), d.get("actual", {}),
+                   d.get("golden", {}), int(d.get("mismatches", 0)), int(d.get("size", 0)), d.get("reason", ""))
+
     @property
     def excess(self) -> float:
         """How far beyond tolerance (>1 fails): used to pick the worst input set."""

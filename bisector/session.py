@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .backends import backend_factory
 from .backends.base import Backend
 from .canary import run_canary
@@ -59,6 +61,21 @@ class Job:
     tolerance: Tolerance
     backend: Backend
     inputs_info: dict[str, Any]
+    cache_dir: Path | None = None
+
+    def journal(self, resume: bool = True):
+        """The SQLite journal for this job's key, or None when caching is off (--no-cache)."""
+        if self.cache_dir is None:
+            return None
+        from . import __version__
+        from .journal import SqliteJournal
+
+        description = {
+            "model_sha256": self.catalog.sha256, "inputs": self.inputs_info["digest"],
+            "golden": golden_digest(self.golden), "backend": self.backend.describe(),
+            "tolerances": self.tolerance.describe(), "bisector": __version__,
+        }
+        return SqliteJournal(self.cache_dir / "journal.sqlite", description, resume=resume)
 
     def oracle(self, budget: Budget | None = None, journal=None, on_verdict=None) -> Oracle:
         return Oracle(self.backend, self.catalog.candidates, self.feeds_list, self.golden.outputs, self.tolerance,
@@ -115,7 +132,18 @@ def build_job(o: JobOptions, canary: bool = True) -> Job:
         run_canary(make_backend)
     backend = make_backend()
     backend.open(catalog)
-    return Job(o, catalog, feeds_list, golden, tolerance, backend, info)
+    return Job(o, catalog, feeds_list, golden, tolerance, backend, info, cache_dir)
+
+
+def golden_digest(golden: Golden) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for outs in golden.outputs:
+        for name in sorted(outs):
+            h.update(name.encode())
+            h.update(np.ascontiguousarray(outs[name]).tobytes())
+    return h.hexdigest()
 
 
 def _all_tensors(catalog: Catalog) -> set[str]:

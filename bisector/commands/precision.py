@@ -20,6 +20,7 @@ from ..cli_options import (
     InputShapes,
     Iterations,
     JsonOut,
+    JunitOut,
     LoadInputs,
     LoadOutputs,
     LoadTimingCache,
@@ -73,7 +74,11 @@ def precision(
     output_dir: Annotated[Path, typer.Option("-o", "--output-dir", help="Where to write the artifacts.")] = Path("bisector_out"),
     cache_dir: CacheDir = None,
     no_cache: NoCache = False,
+    resume: Annotated[bool, typer.Option("--resume/--no-resume", help="Answer repeated plans from the journal of earlier runs with the same model, inputs, backend and tolerances.")] = True,
+    max_evals: Annotated[Optional[int], typer.Option("--max-evals", help="Stop after this many new evaluations; report the best passing set so far (minimal: false).")] = None,
+    time_limit: Annotated[Optional[float], typer.Option("--time-limit", help="Stop after this many seconds; report the best passing set so far.")] = None,
     json_out: JsonOut = None,
+    junit: JunitOut = None,
     verbose: Verbose = False,
 ) -> None:
     """Search the minimal set of nodes to keep in FP32 and write constraints.json, add_constraints.py,
@@ -81,12 +86,18 @@ def precision(
     from ..artifacts.constraints import Constraints, Evaluations, Golden
     from ..artifacts.io import ensure_dir, write_text_atomic
     from ..artifacts.write import write_artifacts
+    from ..junit import Suite
+    from ..oracle import Budget
     from ..search import run_search
     from ..session import build_job
 
     setup_logging(verbose)
     if direction not in (None, "forward", "reverse"):
         raise UsageError(f"--direction {direction!r}: choose forward or reverse")
+    if max_evals is not None and max_evals < 1:
+        raise UsageError(f"--max-evals {max_evals}: must be at least 1")
+    if time_limit is not None and time_limit <= 0:
+        raise UsageError(f"--time-limit {time_limit}: must be positive")
     ensure_dir(output_dir)  # fail on an unwritable -o before hours of search
     t0 = time.perf_counter()
     job = build_job(job_options(model, val_range, input_shapes, seed, iterations, load_inputs, save_inputs,
@@ -97,10 +108,17 @@ def precision(
     t_setup = time.perf_counter() - t0
     cat = job.catalog
     log.info("%s: %d candidates, %d pinned; golden %s", cat.path.name, len(cat.candidates), len(cat.pinned), job.golden.source)
-    oracle = job.oracle(on_verdict=lambda v: log.info(
-        "eval %d: %d FP32 -> %s", len(oracle.history), len(v.fp32), "pass" if v.passed else "fail"))
-    result = run_search(oracle, strategy, {"direction": direction})
-    job.close()
+    journal = job.journal(resume=resume)
+    budget = Budget(max_evals=max_evals, time_limit=time_limit)
+    oracle = job.oracle(budget=budget, journal=journal, on_verdict=lambda v: log.info(
+        "eval %d: %d FP32 -> %s%s", len(oracle.history), len(v.fp32), "pass" if v.passed else "fail",
+        " (journal)" if v.source == "journal" else ""))
+    try:
+        result = run_search(oracle, strategy, {"direction": direction})
+    finally:
+        job.close()
+        if journal is not None:
+            journal.close()
     run_s = sum(v.seconds.get("run", 0.0) for v in oracle.history)
     cmp_s = sum(v.seconds.get("compare", 0.0) for v in oracle.history)
     constraints = Constraints(
@@ -116,8 +134,14 @@ def precision(
     paths = write_artifacts(output_dir, cat, constraints)
     if json_out is not None:
         write_text_atomic(json_out, constraints.model_dump_json(indent=2) + "\n")
+    if junit is not None:
+        suite = Suite()
+        suite.add_outputs(cat.path.name, constraints.outputs, result.seconds)
+        suite.write(junit)
     order = {n: i for i, n in enumerate(cat.candidates)}
     ordered = sorted(result.fp32, key=order.__getitem__)
+    if result.stop_reason:
+        log.warning("search stopped early (%s): reporting the best passing set found so far", result.stop_reason)
     typer.echo(f"FP32 nodes ({len(ordered)}): {' '.join(ordered) if ordered else '(none)'}")
     typer.echo(
         f"{'PASSED' if result.passed else 'FAILED'}; {'1-minimal' if result.minimal else 'not proven minimal'}; "

@@ -1,0 +1,56 @@
+"""JUnit XML for CI servers: one test case per model output, failures carrying the numbers."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .artifacts.io import write_bytes_atomic
+
+
+@dataclass
+class Case:
+    model: str
+    name: str
+    passed: bool
+    message: str = ""
+    seconds: float = 0.0
+    error: bool = False  # an error (exit 2/3), not an accuracy failure
+
+
+@dataclass
+class Suite:
+    name: str = "bisector"
+    cases: list[Case] = field(default_factory=list)
+
+    def add_outputs(self, model: str, outputs: dict, seconds: float = 0.0) -> None:
+        """From OutputComparison.to_json() dicts."""
+        for out, r in outputs.items():
+            req = r.get("required_tolerance", {})
+            msg = "" if r.get("passed") else (
+                f"output {out!r} exceeds tolerance ({r.get('stat')}: needs abs {req.get('abs')} / rel {req.get('rel')}, "
+                f"tolerance abs {r.get('atol')} / rel {r.get('rtol')})" + (f"; {r['reason']}" if r.get("reason") else ""))
+            self.cases.append(Case(model, out, bool(r.get("passed")), msg, seconds))
+
+    def to_xml(self) -> bytes:
+        failures = sum(1 for c in self.cases if not c.passed and not c.error)
+        errors = sum(1 for c in self.cases if c.error)
+        root = ET.Element("testsuites", name=self.name, tests=str(len(self.cases)), failures=str(failures), errors=str(errors))
+        suites: dict[str, ET.Element] = {}
+        for c in self.cases:
+            suite = suites.get(c.model)
+            if suite is None:
+                suite = suites[c.model] = ET.SubElement(root, "testsuite", name=c.model)
+            tc = ET.SubElement(suite, "testcase", classname=c.model, name=c.name, time=f"{c.seconds:.3f}")
+            if not c.passed:
+                ET.SubElement(tc, "error" if c.error else "failure", message=c.message[:500]).text = c.message
+        for model, suite in suites.items():
+            cases = [c for c in self.cases if c.model == model]
+            suite.set("tests", str(len(cases)))
+            suite.set("failures", str(sum(1 for c in cases if not c.passed and not c.error)))
+            suite.set("errors", str(sum(1 for c in cases if c.error)))
+        return ET.tostring(root, encoding="utf-8", xml_declaration=True)
+
+    def write(self, path: Path) -> None:
+        write_bytes_atomic(path, self.to_xml())
