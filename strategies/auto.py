@@ -165,6 +165,7 @@ class Auto:
         found: list[str] = []  # D, in discovery order
         undecided: list[str] = list(order)  # U, in visiting order
         seen_pass = False
+        in_phase1 = False  # phase 1 ends at its first pass: its isolations need no all-FP32 sanity check
 
         def test(group: Sequence[str]) -> bool:
             """True when ``group`` (⊆ U) can go FP16 together with everything already cleared."""
@@ -187,7 +188,7 @@ class Auto:
                 else:
                     group = half
             culprit = group[0]
-            if not seen_pass:
+            if not seen_pass and not in_phase1:
                 # Nothing has passed yet: make sure all-FP32 passes at all before trusting any isolation.
                 if not ask(frozenset(cands)):
                     raise _AllFail
@@ -200,11 +201,16 @@ class Auto:
             # Phase 1 (only with informative scores): test the top-scored nodes one by one while they are culprits.
             if order is not cands:
                 ask.phase = "scores"
+                in_phase1 = True
                 while undecided:
                     if test(undecided[:1]):
                         undecided = undecided[1:]
                         break
                     isolate(undecided[:1])
+                in_phase1 = False
+                # Are the top-scored culprits all of them? (When yes, this is the final passes(R) check.)
+                if found and undecided and test(undecided):
+                    undecided = []
 
             # Phase 2: generalised binary splitting with a posterior-chosen group size.
             ask.phase = "split"
