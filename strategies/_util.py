@@ -88,18 +88,24 @@ def one_minimal(ask: Asker, s: frozenset[str], order: Sequence[str] | None = Non
     """Make a *passing* set 1-minimal: remove single nodes while the rest passes, until no removal passes.
 
     Every single-removal check on the final set is asked literally (no inference), so the result is 1-minimal
-    for any oracle. Checks on one set are independent, so they go through ``batch`` when offered. ``order``
-    (default: candidate order) decides which passing removal is taken first.
+    for any oracle. The checks on one set are independent, so they go through ``batch`` when offered; when some
+    removal passes, a sequential sweep (keeping each passing removal at once) follows, and the whole repeats
+    until a set has no passing removal. ``order`` (default: candidate order) is the sweep order.
     """
     ask.phase = "verify"
     rank = {n: i for i, n in enumerate(order)} if order is not None else ask.index
     while True:
         members = sorted(s, key=rank.__getitem__)
         answers = ask.many([s - {n} for n in members])
-        removable = [n for n, ok in zip(members, answers) if ok]
-        if not removable:
+        if not any(answers):
             return s
-        s = s - {removable[0]}
+        for n, ok in zip(members, answers):
+            if ok:
+                s = s - {n}
+                break
+        for n in sorted(s, key=rank.__getitem__):  # sweep: later removals may enable earlier ones next round
+            if len(s) > 0 and n in s and ask(s - {n}):
+                s = s - {n}
 
 
 def repair(ask: Asker, result: frozenset[str], order: Sequence[str] | None = None) -> frozenset[str]:
