@@ -1,0 +1,91 @@
+"""Search strategies: pure searches over node names (DESIGN §3).
+
+A strategy is a class constructible with no arguments (options are keyword arguments with defaults) with
+
+    search(candidates, passes, **hints) -> frozenset[str]
+
+``candidates`` are node names in topological order; ``passes(S)`` is True when keeping exactly ``S`` in FP32
+(every other candidate FP16) meets tolerance. Optional hints, all ignorable:
+
+- ``scores``: Mapping[str, float], higher = more likely FP16-intolerant;
+- ``budget``: int, the most distinct ``passes`` calls; the driver's ``passes`` raises :class:`BudgetExhausted`
+  when it is exceeded and strategies let it propagate;
+- ``progress``: Callable[[dict], None], called with ``{"phase", "fp32_size", "best", "evaluations"}`` where
+  ``best`` is the smallest passing set known so far (or None);
+- ``batch``: Callable[[list[frozenset[str]]], list[bool]], evaluates independent sets at once.
+
+Nothing here imports ONNX: strategies only see names.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+from typing import Callable, Mapping, Protocol, Sequence, runtime_checkable
+
+__all__ = [
+    "BudgetExhausted",
+    "Strategy",
+    "load_strategies",
+    "CountingOracle",
+    "ENTRY_POINT_GROUP",
+]
+
+ENTRY_POINT_GROUP = "bisector.strategies"
+
+
+class BudgetExhausted(Exception):
+    """Raised by the driver's ``passes`` when the evaluation budget is spent. Strategies let it propagate."""
+
+
+@runtime_checkable
+class Strategy(Protocol):
+    def search(
+        self,
+        candidates: Sequence[str],
+        passes: Callable[[frozenset[str]], bool],
+        **hints: object,
+    ) -> frozenset[str]: ...
+
+
+def load_strategies() -> dict[str, type]:
+    """Every strategy registered under the ``bisector.strategies`` entry-point group, by name."""
+    found: dict[str, type] = {}
+    for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        found[ep.name] = ep.load()
+    return found
+
+
+class CountingOracle:
+    """Wrap a ``passes`` function: cache answers, count distinct sets asked, record the call sequence.
+
+    ``calls`` lists every set asked (repeats included), ``distinct`` counts different sets, ``budget`` makes it
+    raise :class:`BudgetExhausted` like the driver does. Useful for tests and benchmarks.
+    """
+
+    def __init__(self, passes: Callable[[frozenset[str]], bool], budget: int | None = None) -> None:
+        self._passes = passes
+        self.budget = budget
+        self.cache: dict[frozenset[str], bool] = {}
+        self.calls: list[frozenset[str]] = []
+
+    @property
+    def distinct(self) -> int:
+        return len(self.cache)
+
+    def __call__(self, fp32: frozenset[str]) -> bool:
+        fp32 = frozenset(fp32)
+        self.calls.append(fp32)
+        if fp32 not in self.cache:
+            if self.budget is not None and len(self.cache) >= self.budget:
+                raise BudgetExhausted(f"budget of {self.budget} evaluations spent")
+            self.cache[fp32] = bool(self._passes(fp32))
+        return self.cache[fp32]
+
+    def batch(self, sets: list[frozenset[str]]) -> list[bool]:
+        return [self(s) for s in sets]
+
+
+def _scores_or_none(scores: object) -> Mapping[str, float] | None:
+    if isinstance(scores, Mapping) and scores:
+        return scores
+    return None

@@ -1,0 +1,142 @@
+"""Helpers shared by the built-in strategies: a memoising asker and the 1-minimal cleanup."""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable, Mapping, Sequence
+
+
+class Asker:
+    """Asks ``passes`` at most once per set, remembers answers, tracks the best passing set, reports progress.
+
+    The driver caches as well; this local memo keeps the strategy's own bookkeeping (which sets it has asked)
+    independent of the driver, so decisions never depend on anything but the answers.
+    """
+
+    def __init__(
+        self,
+        candidates: Sequence[str],
+        passes: Callable[[frozenset[str]], bool],
+        hints: Mapping[str, object],
+    ) -> None:
+        self.candidates = list(candidates)
+        self.index = {n: i for i, n in enumerate(self.candidates)}
+        self._passes = passes
+        self.memo: dict[frozenset[str], bool] = {}
+        self.best: frozenset[str] | None = None
+        self.phase = "start"
+        progress = hints.get("progress")
+        self._progress = progress if callable(progress) else None
+        batch = hints.get("batch")
+        self._batch = batch if callable(batch) else None
+
+    # ------------------------------------------------------------------ asking
+    def _record(self, s: frozenset[str], ok: bool) -> None:
+        self.memo[s] = ok
+        if ok and (self.best is None or len(s) < len(self.best)):
+            self.best = s
+        self.report(len(s))
+
+    def __call__(self, s: Iterable[str]) -> bool:
+        s = frozenset(s)
+        if s in self.memo:
+            return self.memo[s]
+        ok = bool(self._passes(s))
+        self._record(s, ok)
+        return ok
+
+    def many(self, sets: Sequence[Iterable[str]]) -> list[bool]:
+        """Answers for several independent sets; uses the ``batch`` hint when the driver offers one."""
+        fsets = [frozenset(s) for s in sets]
+        todo: list[frozenset[str]] = []
+        seen: set[frozenset[str]] = set()
+        for s in fsets:
+            if s not in self.memo and s not in seen:
+                seen.add(s)
+                todo.append(s)
+        if todo:
+            if self._batch is not None and len(todo) > 1:
+                answers = list(self._batch(todo))
+                if len(answers) != len(todo):
+                    raise ValueError("batch returned a different number of answers than sets")
+                for s, ok in zip(todo, answers):
+                    self._record(s, bool(ok))
+            else:
+                for s in todo:
+                    self(s)
+        return [self.memo[s] for s in fsets]
+
+    def known(self, s: Iterable[str]) -> bool | None:
+        return self.memo.get(frozenset(s))
+
+    # ------------------------------------------------------------------ helpers
+    def ordered(self, s: Iterable[str]) -> list[str]:
+        return sorted(s, key=self.index.__getitem__)
+
+    def report(self, fp32_size: int | None = None) -> None:
+        if self._progress is not None:
+            self._progress(
+                {
+                    "phase": self.phase,
+                    "fp32_size": fp32_size,
+                    "best": self.best,
+                    "evaluations": len(self.memo),
+                }
+            )
+
+
+def one_minimal(ask: Asker, s: frozenset[str], order: Sequence[str] | None = None) -> frozenset[str]:
+    """Make a *passing* set 1-minimal: remove single nodes while the rest passes, until no removal passes.
+
+    Every single-removal check on the final set is asked literally (no inference), so the result is 1-minimal
+    for any oracle. The checks on one set are independent, so they go through ``batch`` when offered; when some
+    removal passes, a sequential sweep (keeping each passing removal at once) follows, and the whole repeats
+    until a set has no passing removal. ``order`` (default: candidate order) is the sweep order.
+    """
+    ask.phase = "verify"
+    rank = {n: i for i, n in enumerate(order)} if order is not None else ask.index
+    while True:
+        members = sorted(s, key=rank.__getitem__)
+        answers = ask.many([s - {n} for n in members])
+        if not any(answers):
+            return s
+        for n, ok in zip(members, answers):
+            if ok:
+                s = s - {n}
+                break
+        for n in sorted(s, key=rank.__getitem__):  # sweep: later removals may enable earlier ones next round
+            if len(s) > 0 and n in s and ask(s - {n}):
+                s = s - {n}
+
+
+def repair(ask: Asker, result: frozenset[str], order: Sequence[str] | None = None) -> frozenset[str]:
+    """Verify and, if needed, repair a proposed result so that it passes and is 1-minimal.
+
+    If ``result`` fails (a non-monotone oracle fooled the search), start from the smallest passing set seen,
+    or all candidates; if even all candidates fail, return all candidates (the driver reports the failure).
+    Nodes of the failed proposal are tried for removal last: they are the likely culprits.
+    """
+    ask.phase = "verify"
+    if ask(result):
+        return one_minimal(ask, result, order)
+    start = ask.best
+    if start is None:
+        everything = frozenset(ask.candidates)
+        if not ask(everything):
+            return everything
+        start = everything
+    base = list(order) if order is not None else ask.candidates
+    late = [n for n in base if n in result]
+    early = [n for n in base if n not in result]
+    return greedy_reduce(ask, start, early + late)
+
+
+def greedy_reduce(ask: Asker, s: frozenset[str], order: Sequence[str]) -> frozenset[str]:
+    """From a passing ``s``: try removing each node in ``order``, keep removals that pass; then 1-minimal."""
+    ask.phase = "greedy"
+    for n in order:
+        if n in s and ask(s - {n}):
+            s = s - {n}
+    rank = {n: i for i, n in enumerate(order)}
+    for n in ask.candidates:
+        rank.setdefault(n, len(rank))
+    return one_minimal(ask, s, sorted(rank, key=rank.__getitem__))
