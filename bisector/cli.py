@@ -21,11 +21,15 @@ app = typer.Typer(
     "Exit codes: 0 success, 1 accuracy failure, 2 usage/input/environment error, 3 backend failure.",
 )
 
+from .commands.batch import batch
 from .commands.precision import precision
 from .commands.run import run
+from .commands.verify import verify
 
 app.command()(precision)
 app.command()(run)
+app.command()(verify)
+app.command()(batch)
 
 
 @app.command()

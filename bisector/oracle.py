@@ -14,10 +14,9 @@ from .backends.base import Backend
 from .compare import OutputComparison, Tolerance, compare_outputs
 from .plan import Plan
 from .polyjson import Feeds
-
-
-class BudgetExhausted(Exception):
-    """Raised by `passes` when --max-evals or --time-limit is spent; the driver reports the best set so far."""
+from .strategies import (
+    BudgetExhausted,  # part of the strategy protocol: strategies let it propagate
+)
 
 
 @dataclass

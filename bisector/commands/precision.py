@@ -61,7 +61,7 @@ def precision(
     load_inputs: LoadInputs = None,
     save_inputs: SaveInputs = None,
     load_outputs: LoadOutputs = None,
-    strategy: Annotated[str, typer.Option("--strategy", help=strategy_help())] = "greedy",
+    strategy: Annotated[str, typer.Option("--strategy", help=strategy_help())] = "auto",
     direction: Annotated[Optional[str], typer.Option("--direction", help="bisect/linear: forward (FP32 prefix) or reverse (suffix).")] = None,
     backend: BackendOpt = "emulate",
     precision_constraints: PrecisionConstraints = "obey",

@@ -1,0 +1,161 @@
+"""Nightly-job features: journal + resume after SIGKILL, budgets, verify, JUnit, batch configs."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from .conftest import PLANTED, SEED, main_cli, planted_spec
+
+SEED_ARGS = ["--fp16", "--atol", "1e-1", "--val-range", "x:[1,2]"]
+
+
+def _journal_rows(cache_dir) -> int:
+    path = cache_dir / "journal.sqlite"
+    if not path.exists():
+        return 0
+    try:
+        with sqlite3.connect(str(path), timeout=5) as db:
+            return db.execute("SELECT COUNT(*) FROM evaluations").fetchone()[0]
+    except sqlite3.OperationalError:
+        return 0
+
+
+def test_sigkill_then_resume_replays_from_journal(tmp_path, cache_dir):
+    spec = planted_spec()
+    args = [sys.executable, "-m", "bisector.cli", "precision", str(PLANTED), "--fp16", *spec["args"],
+            "--strategy", "greedy", "-o", str(tmp_path / "killed"), "--cache-dir", str(cache_dir)]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while _journal_rows(cache_dir) < 8 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    committed = _journal_rows(cache_dir)
+    assert committed >= 8, "the search must have committed evaluations before the kill"
+    assert not (tmp_path / "killed" / "constraints.json").exists()
+
+    out = tmp_path / "resumed"
+    assert main_cli("precision", PLANTED, "--fp16", *spec["args"], "--strategy", "greedy", "-o", out,
+                    "--cache-dir", cache_dir) == 0
+    c = json.loads((out / "constraints.json").read_text())
+    assert c["fp32_nodes"] == sorted(spec["fp32_nodes"])
+    ev = c["evaluations"]
+    assert ev["cached"] >= committed and ev["total"] == ev["new"] + ev["cached"]
+    # no plan judged twice: every journal row is either replayed or new in the resumed run
+    assert _journal_rows(cache_dir) == ev["total"]
+
+
+def test_changing_tolerance_or_inputs_misses_the_journal(tmp_path, cache_dir):
+    def search(*extra):
+        out = tmp_path / f"o{len(list(tmp_path.iterdir()))}"
+        assert main_cli("precision", SEED, "--fp16", "--val-range", "x:[1,2]", *extra, "-o", out,
+                        "--cache-dir", cache_dir) == 0
+        return json.loads((out / "constraints.json").read_text())["evaluations"]
+
+    first = search("--atol", "1e-1")
+    assert first["cached"] == 0
+    assert search("--atol", "1e-1")["new"] == 0  # same key: fully replayed
+    assert search("--atol", "2e-1")["cached"] == 0  # tolerance changed
+    assert search("--atol", "1e-1", "--seed", "5")["cached"] == 0  # inputs changed
+    assert search("--atol", "1e-1", "--no-resume")["cached"] == 0
+
+
+def test_max_evals_reports_best_so_far_not_minimal(tmp_path, cache_dir):
+    out = tmp_path / "o"
+    assert main_cli("precision", SEED, *SEED_ARGS, "--max-evals", "2", "-o", out, "--cache-dir", cache_dir) == 0
+    c = json.loads((out / "constraints.json").read_text())
+    assert c["minimal"] is False and c["passed"] is True and "max-evals" in c["stop_reason"]
+    assert c["evaluations"]["new"] == 2
+
+
+def test_verify_passes_fails_and_names_missing_nodes(tmp_path, cache_dir):
+    out = tmp_path / "o"
+    assert main_cli("precision", SEED, *SEED_ARGS, "-o", out, "--cache-dir", cache_dir) == 0
+    cpath = out / "constraints.json"
+    js = tmp_path / "v.json"
+    assert main_cli("verify", SEED, "--constraints", cpath, "--check-minimal", "--json", js, "--cache-dir", cache_dir) == 0
+    assert json.loads(js.read_text())["passed"] is True
+
+    data = json.loads(cpath.read_text())
+    data["fp32_nodes"] = ["Add"]  # a required node dropped
+    dropped = tmp_path / "dropped.json"
+    dropped.write_text(json.dumps(data))
+    assert main_cli("verify", SEED, "--constraints", dropped, "--json", js, "--cache-dir", cache_dir) == 1
+    v = json.loads(js.read_text())
+    assert v["failing_outputs"] == ["y"] and v["outputs"]["y"]["required_tolerance"]["abs"] > 0.1
+
+    data["fp32_nodes"] = ["Add", "Sub_renamed"]
+    renamed = tmp_path / "renamed.json"
+    renamed.write_text(json.dumps(data))
+    r = subprocess.run([sys.executable, "-m", "bisector.cli", "verify", str(SEED), "--constraints", str(renamed),
+                        "--cache-dir", str(cache_dir)], capture_output=True, text=True)
+    assert r.returncode == 1 and "Sub_renamed" in r.stdout and "no longer exist" in r.stdout
+
+
+def test_junit_is_valid_and_marks_the_failing_case(tmp_path, cache_dir):
+    out = tmp_path / "o"
+    main_cli("precision", SEED, *SEED_ARGS, "-o", out, "--cache-dir", cache_dir)
+    data = json.loads((out / "constraints.json").read_text())
+    data["fp32_nodes"] = ["Sub"]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    junit = tmp_path / "j.xml"
+    assert main_cli("verify", SEED, "--constraints", bad, "--junit", junit, "--cache-dir", cache_dir) == 1
+    root = ET.parse(junit).getroot()
+    assert root.tag == "testsuites" and root.get("failures") == "1"
+    case = root.find("testsuite/testcase")
+    assert case.get("name") == "y" and case.find("failure") is not None
+    assert "exceeds tolerance" in case.find("failure").get("message")
+
+
+def test_batch_runs_both_models_and_fails_when_one_regresses(tmp_path, cache_dir):
+    good = tmp_path / "good.json"
+    main_cli("precision", SEED, *SEED_ARGS, "-o", tmp_path / "g", "--cache-dir", cache_dir)
+    data = json.loads((tmp_path / "g" / "constraints.json").read_text())
+    good.write_text(json.dumps(data))
+    data["fp32_nodes"] = ["Add"]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    config = tmp_path / "nightly.toml"
+    config.write_text(f"""
+[defaults]
+args = ["--fp16", "--cache-dir", "{cache_dir}"]
+output_dir = "out"
+
+[[model]]
+name = "seed-search"
+path = "{SEED}"
+args = ["--atol", "1e-1", "--val-range", "x:[1,2]"]
+expect_fp32 = ["Add", "Sub"]
+
+[[model]]
+name = "seed-verify-bad"
+path = "{SEED}"
+mode = "verify"
+constraints = "bad.json"
+""")
+    js = tmp_path / "batch.json"
+    assert main_cli("batch", config, "--json", js, "--junit", tmp_path / "b.xml") == 1
+    models = {m["name"]: m for m in json.loads(js.read_text())["models"]}
+    assert models["seed-search"]["exit_code"] == 0 and models["seed-search"]["fp32_nodes"] == ["Add", "Sub"]
+    assert models["seed-verify-bad"]["exit_code"] == 1
+    assert main_cli("batch", config, "--only", "seed-search") == 0
+    config.write_text(config.read_text().replace('bad.json', 'good.json'))
+    assert main_cli("batch", config) == 0
+
+
+@pytest.mark.parametrize("content,fragment", [("[[model]]\npath = 1\nbogus = 2\n", "invalid batch config"),
+                                              ("not = [toml", "not valid TOML")])
+def test_bad_batch_config_is_exit_2(tmp_path, content, fragment, capsys):
+    config = tmp_path / "c.toml"
+    config.write_text(content)
+    assert main_cli("batch", config) == 2
+    assert fragment in capsys.readouterr().err
