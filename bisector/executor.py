@@ -1,15 +1,21 @@
-"""Runs a model node by node, one small ONNX Runtime session per node, so that a plan can be evaluated without
-building a new session for it (DESIGN §4: a session per candidate costs 12–53 inferences on real models).
+"""Evaluates plans without building a session per plan (DESIGN §4: a session per candidate costs 12–53
+inferences on real models).
 
-Each node's session is built once, on first use, from the dtypes it actually receives. Evaluating a plan then
-recomputes only the nodes whose inputs differ from the FP32 reference run (the forward cone of its FP16 nodes);
-every other tensor is the reference's own array. Rounding happens in numpy between nodes, by the rules of
-`fp16.py`, which is exactly what cast pairs in the graph would do.
+The model is cut once into small ORT sessions that are built on first use and kept for every later plan:
+- one session per node (and rounding variant: Cast pairs on the inputs/outputs a plan rounds), and
+- one fused session per *block* of consecutive nodes, used when every node of the block is FP32 in the plan,
+  so FP32 stretches keep ORT's fusions and layouts instead of paying per-node overhead.
+Weights are embedded as initializers (ORT pre-packs them), exact or FP16-converted per variant.
+
+Evaluating a plan recomputes only the forward cone of its FP16 nodes; every other tensor is the FP32 reference
+run's own array. Rounding is a Cast(FLOAT16)->Cast(FLOAT) pair inside the node's session — what cast-pair
+emulation of the whole graph would do, at ORT's vectorised cast speed.
 """
 
 from __future__ import annotations
 
 import hashlib
+import time
 from typing import Callable, Mapping
 
 import numpy as np
@@ -28,8 +34,8 @@ _NP_TO_ONNX = {np.dtype(k): v for k, v in {
     np.uint32: onnx.TensorProto.UINT32, np.uint64: onnx.TensorProto.UINT64, np.bool_: onnx.TensorProto.BOOL,
 }.items()}
 
-# (node name, explicit input index or None for outer-scope values, tensor, array) -> array the node reads
-InputHook = Callable[[str, int | None, str, np.ndarray], np.ndarray]
+# (node name, explicit input index or None for outer-scope values, tensor, array) -> (array, round to FP16?)
+InputHook = Callable[[str, int | None, str, np.ndarray], tuple[np.ndarray, bool]]
 
 
 def feeds_digest(feeds: Mapping[str, np.ndarray]) -> str:
@@ -46,11 +52,15 @@ def feeds_digest(feeds: Mapping[str, np.ndarray]) -> str:
 class NodeExecutor:
     """One ORT session per node of `catalog.model`, built lazily and kept for every later plan."""
 
-    def __init__(self, catalog: Catalog, threads: int = 0):
+    def __init__(self, catalog: Catalog, threads: int = 0, block_size: int = 8):
         self.catalog = catalog
+        self.blocks = _partition(catalog, block_size)
         self._sessions: dict[tuple, ort.InferenceSession] = {}
         self._opts = ort.SessionOptions()
-        self._opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        # ALL enables the NCHWc layout kernels (Conv is several times faster with them). Spinning is off:
+        # hundreds of per-node sessions each keep a thread pool, and spinning pools starve each other.
+        self._opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self._opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self._opts.log_severity_level = 3
         if threads:
             self._opts.intra_op_num_threads = threads
@@ -63,6 +73,7 @@ class NodeExecutor:
                 self._constants[node.output[0]] = _constant_value(node)
         self.weights: dict[str, np.ndarray] = {**self._initializers, **self._constants}
         self.sessions_built = 0
+        self.build_seconds = 0.0  # time spent building sessions (a one-time cost per node variant and block)
 
     # ---- whole-model runs ------------------------------------------------------------------------------------
     def run_reference(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -82,64 +93,172 @@ class NodeExecutor:
         reference: Mapping[str, np.ndarray],
         recompute: frozenset[str],
         read_input: InputHook,
-        write_output: Callable[[str, str, np.ndarray], np.ndarray],
+        round_outputs: Callable[[str], bool],
+        fused: bool = True,
     ) -> dict[str, np.ndarray]:
         """Recompute the nodes in `recompute` and everything downstream of a changed tensor.
 
-        `read_input` decides what a recomputed node reads (rounded or not); `write_output` what it stores.
-        Returns only the tensors that were recomputed; all others equal `reference`.
+        `read_input(node, index, tensor, value)` returns `(value, round_it)`: the array the node reads (a
+        pre-converted weight, say) and whether to round it to FP16 on the way in; `round_outputs(node)` whether
+        its float outputs are stored as FP16. Rounding runs inside the node's ORT session as a Cast pair
+        (vectorised, several times faster than numpy's float16 conversion). With `fused`, all-FP32 blocks run
+        as one session and their block-internal tensors are not returned (use fused=False to see every tensor).
+        Returns only the recomputed tensors; all others equal `reference`.
         """
         changed: dict[str, np.ndarray] = {}
-        for node in self.catalog.model.graph.node:
-            if node.op_type == "Constant":
+        for block in self.blocks:
+            if fused and len(block.nodes) > 1 and not any(n.name in recompute for n in block.nodes):
+                if any(t in changed for t in block.inputs):
+                    values = [changed[t] if t in changed else reference[t] for t in block.inputs]
+                    changed.update(zip(block.outputs, self._run_block(block, values)))
                 continue
-            name = node.name
-            inputs = self.catalog.node_inputs(name)
-            if name not in recompute and not any(t in changed for t in inputs):
-                continue
-            n_explicit = len([t for t in node.input if t])
-            explicit_idx = [i for i, t in enumerate(node.input) if t]
-            values = []
-            for pos, t in enumerate(inputs):
-                v = changed[t] if t in changed else reference[t]
-                idx = explicit_idx[pos] if pos < n_explicit else None
-                values.append(read_input(name, idx, t, v))
-            outs = self.run_node(node, values)
-            for o, v in zip(_nonempty(node.output), outs):
-                changed[o] = write_output(name, o, v)
+            for node in block.nodes:
+                self._run_in_cone(node, reference, recompute, read_input, round_outputs, changed)
         return changed
 
+    def _run_in_cone(self, node, reference, recompute, read_input, round_outputs, changed) -> None:
+        name = node.name
+        inputs = self.catalog.node_inputs(name)
+        if name not in recompute and not any(t in changed for t in inputs):
+            return
+        explicit_idx = [i for i, t in enumerate(node.input) if t]
+        values, rounded = [], []
+        for pos, t in enumerate(inputs):
+            v = changed[t] if t in changed else reference[t]
+            idx = explicit_idx[pos] if pos < len(explicit_idx) else None
+            v, round_it = read_input(name, idx, t, v)
+            if round_it and idx is None:  # outer-scope value of a subgraph: no Cast can reach inside
+                v, round_it = _round_fp16(v), False
+            values.append(v)
+            rounded.append(bool(round_it))
+        out_names = _nonempty(node.output)
+        round_out = tuple(round_outputs(name) and reference[o].dtype == np.float32 for o in out_names)
+        outs = self.run_node(node, values, tuple(rounded), round_out)
+        changed.update(zip(out_names, outs))
+
     # ---- one node --------------------------------------------------------------------------------------------
-    def run_node(self, node: onnx.NodeProto, values: list[np.ndarray]) -> list[np.ndarray]:
+    def run_node(self, node: onnx.NodeProto, values: list[np.ndarray], round_in: tuple[bool, ...] = (),
+                 round_out: tuple[bool, ...] = ()) -> list[np.ndarray]:
         inputs = self.catalog.node_inputs(node.name)
-        unique = list(dict.fromkeys(inputs))
-        feed = dict(zip(inputs, values))
-        key = (node.name, tuple(str(feed[t].dtype) for t in unique))
+        round_in = round_in or (False,) * len(inputs)
+        feed: dict[str, np.ndarray] = {}
+        for t, v in zip(inputs, values):
+            if t not in self.weights:
+                feed.setdefault(t, v)
+        # A weight is embedded in the session; which version (exact or FP16-converted) is part of the key.
+        versions = tuple(("exact" if v is self.weights[t] else "converted") if t in self.weights else str(v.dtype)
+                         for t, v in zip(inputs, values))
+        key = (node.name, versions, round_in, round_out)
         sess = self._sessions.get(key)
         if sess is None:
-            sess = self._sessions[key] = self._build(node, unique, feed)
+            sess = self._sessions[key] = self._build(node, inputs, values, round_in, round_out)
         try:
-            return sess.run(None, {t: feed[t] for t in unique})
+            return sess.run(None, feed)
         except Exception as exc:
             raise BackendFailure(f"ONNX Runtime failed to run node {node.name!r} ({node.op_type}): {exc}") from None
 
-    def _build(self, node: onnx.NodeProto, inputs: list[str], feed: Mapping[str, np.ndarray]):
+    def _build(self, node: onnx.NodeProto, inputs: list[str], values: list[np.ndarray],
+               round_in: tuple[bool, ...], round_out: tuple[bool, ...]):
+        dtypes = {}
+        for t, v in zip(inputs, values):
+            dtypes.setdefault(t, np.dtype(v.dtype))
+        core = onnx.NodeProto()
+        core.CopyFrom(node)
+        nodes = []
+        explicit_idx = [i for i, t in enumerate(node.input) if t]
+        for pos, (t, r) in enumerate(zip(inputs, round_in)):
+            if r and dtypes[t] == np.float32 and pos < len(explicit_idx):
+                half, back = f"{t}__in{pos}_fp16", f"{t}__in{pos}_rounded"
+                nodes.append(helper.make_node("Cast", [t], [half], to=onnx.TensorProto.FLOAT16))
+                nodes.append(helper.make_node("Cast", [half], [back], to=onnx.TensorProto.FLOAT))
+                core.input[explicit_idx[pos]] = back
+        nodes.append(core)
+        out_names = _nonempty(node.output)
+        for j, o in enumerate(out_names):
+            if j < len(round_out) and round_out[j]:
+                raw, half = f"{o}__raw", f"{o}__fp16"
+                core.output[list(node.output).index(o)] = raw
+                nodes.append(helper.make_node("Cast", [raw], [half], to=onnx.TensorProto.FLOAT16))
+                nodes.append(helper.make_node("Cast", [half], [o], to=onnx.TensorProto.FLOAT))
+        first = {}
+        for t, v in zip(inputs, values):
+            first.setdefault(t, v)
+        return self._session(nodes, f"node {node.name!r} ({node.op_type})",
+                             {t: v for t, v in first.items() if t not in self.weights},
+                             {t: v for t, v in first.items() if t in self.weights}, out_names)
+
+    def _session(self, nodes, what: str, inputs: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
+                 outputs: list[str]) -> ort.InferenceSession:
         model = self.catalog.model
         graph = helper.make_graph(
-            [node],
-            f"node_{node.name}",
-            [helper.make_tensor_value_info(t, _NP_TO_ONNX[np.dtype(feed[t].dtype)], None) for t in inputs],
-            [onnx.ValueInfoProto(name=o) for o in _nonempty(node.output)],
+            nodes,
+            "bisector_part",
+            [helper.make_tensor_value_info(t, _NP_TO_ONNX[np.dtype(v.dtype)], None) for t, v in inputs.items()],
+            [onnx.ValueInfoProto(name=o) for o in outputs],
+            initializer=[onnx.numpy_helper.from_array(np.asarray(v), t) for t, v in weights.items()],
         )
-        single = helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=min(model.ir_version, 10))
+        part = helper.make_model(graph, opset_imports=_with_default_opset(model), ir_version=min(model.ir_version, 10))
+        t0 = time.perf_counter()
         try:
-            sess = ort.InferenceSession(single.SerializeToString(), self._opts, providers=["CPUExecutionProvider"])
+            sess = ort.InferenceSession(part.SerializeToString(), self._opts, providers=["CPUExecutionProvider"])
         except Exception as exc:
-            raise BackendFailure(
-                f"ONNX Runtime cannot build node {node.name!r} ({node.op_type}) on its own: {exc}"
-            ) from None
+            raise BackendFailure(f"ONNX Runtime cannot build {what} on its own: {exc}") from None
         self.sessions_built += 1
+        self.build_seconds += time.perf_counter() - t0
         return sess
+
+    def _run_block(self, block: "_Block", values: list[np.ndarray]) -> list[np.ndarray]:
+        sess = self._sessions.get(("block", block.index))
+        if sess is None:
+            feed = dict(zip(block.inputs, values))
+            sess = self._sessions[("block", block.index)] = self._session(
+                list(block.nodes), f"block {block.index} ({block.nodes[0].name}..{block.nodes[-1].name})",
+                {t: v for t, v in feed.items() if t not in self.weights},
+                {t: self.weights[t] for t in block.inputs if t in self.weights}, list(block.outputs))
+        try:
+            return sess.run(None, {t: v for t, v in zip(block.inputs, values) if t not in self.weights})
+        except Exception as exc:
+            raise BackendFailure(f"ONNX Runtime failed to run block {block.index}: {exc}") from None
+
+
+class _Block:
+    """Consecutive non-Constant nodes; inputs read from outside, outputs read outside (or graph outputs)."""
+
+    def __init__(self, index: int, nodes: list[onnx.NodeProto], inputs: list[str], outputs: list[str]):
+        self.index, self.nodes, self.inputs, self.outputs = index, nodes, inputs, outputs
+
+
+def _partition(catalog: Catalog, size: int) -> list[_Block]:
+    nodes = [n for n in catalog.model.graph.node if n.op_type != "Constant"]
+    chunks = [nodes[i : i + size] for i in range(0, len(nodes), max(size, 1))]
+    readers: dict[str, set[int]] = {}
+    for ci, chunk in enumerate(chunks):
+        for n in chunk:
+            for t in catalog.node_inputs(n.name):
+                readers.setdefault(t, set()).add(ci)
+    graph_outputs = {o.name for o in catalog.model.graph.output}
+    blocks = []
+    for ci, chunk in enumerate(chunks):
+        produced = {o for n in chunk for o in n.output if o}
+        inputs = list(dict.fromkeys(t for n in chunk for t in catalog.node_inputs(n.name) if t not in produced))
+        outputs = [o for n in chunk for o in n.output
+                   if o and (o in graph_outputs or readers.get(o, set()) - {ci})]
+        blocks.append(_Block(ci, chunk, inputs, outputs))
+    return blocks
+
+
+def _round_fp16(v: np.ndarray) -> np.ndarray:
+    from .fp16 import round_activation
+
+    return round_activation(v) if v.dtype == np.float32 else v
+
+
+def _with_default_opset(model: onnx.ModelProto) -> list:
+    """The model's opsets, plus the default domain (Cast) when a model imports only custom domains."""
+    imports = list(model.opset_import)
+    if not any(i.domain in ("", "ai.onnx") for i in imports):
+        imports.append(helper.make_opsetid("", 13))
+    return imports
 
 
 def _nonempty(names) -> list[str]:

@@ -18,7 +18,7 @@ import onnxruntime as ort
 from .. import __version__
 from ..catalog import Catalog
 from ..executor import NodeExecutor, feeds_digest
-from ..fp16 import round_activation, round_weight
+from ..fp16 import round_weight
 from ..plan import Plan
 
 
@@ -48,7 +48,7 @@ class EmulateBackend:
         self._references.clear()
 
     def run(self, plan: Plan, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
-        tensors = self.run_all(plan, feeds)
+        tensors = self._evaluate(plan, feeds, fused=True)
         names = list(outputs) if outputs is not None else self.catalog.output_names
         return {n: tensors[n] for n in names}
 
@@ -65,38 +65,37 @@ class EmulateBackend:
 
     def run_all(self, plan: Plan, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Every tensor under `plan` (a view: unchanged tensors are the reference's arrays)."""
+        return self._evaluate(plan, feeds, fused=False)
+
+    def _evaluate(self, plan: Plan, feeds: Mapping[str, np.ndarray], fused: bool) -> dict[str, np.ndarray]:
         ref = self.reference(feeds)
         fp16 = plan.fp16
         if not fp16:
             return ref
         changed = self.executor.run_changed(
             ref, fp16, read_input=lambda n, i, t, v: self._read(fp16, n, i, t, v),
-            write_output=lambda n, o, v: self._write(fp16, n, o, v),
+            round_outputs=fp16.__contains__, fused=fused,
         )
         return _Overlay(changed, ref)
 
     # ---- the rules of DESIGN §4 ------------------------------------------------------------------------------
-    def _read(self, fp16: frozenset[str], node: str, index: int | None, tensor: str, value: np.ndarray) -> np.ndarray:
+    def _read(self, fp16: frozenset[str], node: str, index: int | None, tensor: str, value: np.ndarray):
+        """(what an input of `node` holds, whether it is rounded to FP16 on entry); outputs: every float output
+        of an FP16 node is stored as FP16."""
         if node not in fp16 or value.dtype != np.float32:
-            return value
+            return value, False
         cat = self.catalog
         if index is not None and cat.is_parameter(node, index):
-            return value  # shapes, scales, bounds: never data
+            return value, False  # shapes, scales, bounds: never data
         if tensor in cat.weights:
             w = self._rounded_weights.get(tensor)
             if w is None:
                 w = self._rounded_weights[tensor] = round_weight(value)
-            return w
+            return w, False
         producer = cat.producers.get(tensor)
         if producer is not None and producer in fp16:
-            return value  # already stored in FP16 by its producer
-        return round_activation(value)
-
-    @staticmethod
-    def _write(fp16: frozenset[str], node: str, tensor: str, value: np.ndarray) -> np.ndarray:
-        if node in fp16 and value.dtype == np.float32:
-            return round_activation(value)
-        return value
+            return value, False  # already stored in FP16 by its producer
+        return value, True
 
 
 class _Overlay(dict):
