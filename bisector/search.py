@@ -12,7 +12,6 @@ from .errors import AccuracyFailure, UsageError
 from .oracle import BudgetExhausted, Oracle, Verdict
 
 GROUP = "bisector.strategies"
-NOT_MINIMAL_BY_DESIGN = frozenset({"bisect", "linear"})  # contiguous prefix/suffix answers (Polygraphy's modes)
 
 
 def available_strategies() -> dict[str, Any]:
@@ -74,6 +73,10 @@ def run_search(
     all_hints = {k: v for k, v in (hints or {}).items() if v is not None}
     if progress is not None:
         all_hints["progress"] = progress
+    if oracle.budget.max_evals is not None:
+        all_hints.setdefault("budget", oracle.budget.max_evals)
+    # Sequential today; a parallel backend can answer independent sets at once behind the same hook.
+    all_hints.setdefault("batch", lambda sets: [oracle.passes(frozenset(s)) for s in sets])
     try:
         answer = frozenset(strategy.search(candidates, oracle.passes, **all_hints))
     except BudgetExhausted as exc:
@@ -83,8 +86,10 @@ def run_search(
     if unknown:
         raise UsageError(f"strategy {strategy_name!r} returned names that are not candidates: {sorted(unknown)}")
     verdict = oracle.evaluate(answer, count=False)
-    minimal = verdict.passed and stop_reason is None and strategy_name not in NOT_MINIMAL_BY_DESIGN
-    minimal = minimal and getattr(strategy, "one_minimal", True)
+    # 1-minimal is claimed only when proven by verdicts actually judged: every single removal was tried and
+    # failed. Strategy-agnostic, so a third-party plugin cannot claim it by accident.
+    minimal = verdict.passed and stop_reason is None and all(
+        (v := oracle.verdicts.get(answer - {n})) is not None and not v.passed for n in answer)
     return SearchResult(
         fp32=answer,
         passed=verdict.passed,

@@ -1,0 +1,83 @@
+"""Every strategy on the real fixture models through the real driver (emulate backend), side by side.
+
+    python bench/fixture_searches.py
+
+Prints, per model and strategy: evaluations (distinct plans judged), FP32 set size, exact (= the planted set),
+1-minimal, wall seconds; and `auto` with the `profile` scores hint (profile time + search time).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+STRATEGIES = ["auto", "greedy", "ddmin", "bisect", "linear"]
+
+
+def search(model: Path, args: list[str], strategy: str, scores: dict | None = None) -> dict:
+    from bisector.search import run_search
+    from bisector.session import JobOptions, build_job
+
+    opts = JobOptions(model=model, cache_dir=None, no_cache=True)
+    it = iter(args)
+    for flag in it:
+        value = next(it)
+        {"--val-range": opts.val_range, "--atol": opts.atol, "--rtol": opts.rtol,
+         "--check-error-stat": opts.check_error_stat}[flag].append(value)
+    job = build_job(opts)
+    oracle = job.oracle()
+    t0 = time.perf_counter()
+    result = run_search(oracle, strategy, hints={"scores": scores} if scores else None)
+    seconds = time.perf_counter() - t0
+    job.close()
+    return {"fp32": result.fp32, "evaluations": oracle.total, "minimal": result.minimal, "seconds": seconds,
+            "passed": result.passed}
+
+
+def profile_scores(model: Path, args: list[str]) -> tuple[dict, float]:
+    from bisector.profile import compute_scores
+    from bisector.session import JobOptions, build_job
+
+    opts = JobOptions(model=model, no_cache=True)
+    it = iter(args)
+    for flag in it:
+        value = next(it)
+        {"--val-range": opts.val_range, "--atol": opts.atol, "--rtol": opts.rtol}[flag].append(value)
+    job = build_job(opts)
+    t0 = time.perf_counter()
+    nodes = compute_scores(job.catalog, job.backend, job.feeds_list, job.tolerance)
+    seconds = time.perf_counter() - t0
+    job.close()
+    return {n["name"]: n["score"] for n in nodes}, seconds
+
+
+def main() -> None:
+    planted = json.loads((ROOT / "fixtures" / "planted.json").read_text())
+    models = [
+        ("needs_constraints.onnx", ["--atol", "1e-1", "--val-range", "x:[1,2]"], {"Add", "Sub"}),
+        ("planted.onnx", planted["args"], set(planted["fp32_nodes"])),
+    ]
+    print("| model | strategy | evaluations | FP32 size | exact | 1-minimal | seconds |")
+    print("|---|---|---|---|---|---|---|")
+    for name, args, expected in models:
+        path = ROOT / "fixtures" / name
+        for strategy in STRATEGIES:
+            r = search(path, args, strategy)
+            print(f"| {name} | {strategy} | {r['evaluations']} | {len(r['fp32'])} | {r['fp32'] == expected} | "
+                  f"{r['minimal']} | {r['seconds']:.2f} |")
+        try:
+            scores, prof_s = profile_scores(path, args)
+        except ImportError:
+            continue
+        r = search(path, args, "auto", scores)
+        print(f"| {name} | auto + profile scores | {r['evaluations']} | {len(r['fp32'])} | {r['fp32'] == expected} | "
+              f"{r['minimal']} | {r['seconds']:.2f} search + {prof_s:.2f} profile = {r['seconds'] + prof_s:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
