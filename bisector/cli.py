@@ -22,9 +22,11 @@ app = typer.Typer(
 )
 
 from .commands.precision import precision
+from .commands.profile import profile
 from .commands.run import run
 
 app.command()(precision)
+app.command()(profile)
 app.command()(run)
 
 

@@ -75,6 +75,28 @@ class EmulateBackend:
         )
         return _Overlay(changed, ref)
 
+    def run_node(self, fp16: frozenset[str], node: str, tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One node under the rules, its inputs taken from `tensors` (e.g. the FP32 reference).
+
+        `fp16` is the plan's FP16 set: the node reads its inputs and stores its outputs exactly as it would
+        inside `run_all`. Returns its outputs (as stored) by tensor name. Used by `profile` for local errors.
+        """
+        cat = self.catalog
+        proto = cat.nodes[node]
+        inputs = cat.node_inputs(node)
+        explicit_idx = [i for i, t in enumerate(proto.input) if t]
+        values = [
+            self._read(fp16, node, explicit_idx[pos] if pos < len(explicit_idx) else None, t, tensors[t])
+            for pos, t in enumerate(inputs)
+        ]
+        outs = self.executor.run_node(proto, values)
+        names = [o for o in proto.output if o]
+        return {o: self._write(fp16, node, o, v) for o, v in zip(names, outs)}
+
+    def read_input(self, fp16: frozenset[str], node: str, index: int | None, tensor: str, value: np.ndarray) -> np.ndarray:
+        """What `node` reads for `tensor` (explicit input `index`, None for outer-scope values) under `fp16`."""
+        return self._read(fp16, node, index, tensor, value)
+
     # ---- the rules of DESIGN §4 ------------------------------------------------------------------------------
     def _read(self, fp16: frozenset[str], node: str, index: int | None, tensor: str, value: np.ndarray) -> np.ndarray:
         if node not in fp16 or value.dtype != np.float32:
