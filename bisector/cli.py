@@ -21,10 +21,12 @@ app = typer.Typer(
     "Exit codes: 0 success, 1 accuracy failure, 2 usage/input/environment error, 3 backend failure.",
 )
 
+from .commands.inspect import inspect
 from .commands.precision import precision
 from .commands.profile import profile
 from .commands.run import run
 
+app.command()(inspect)
 app.command()(precision)
 app.command()(profile)
 app.command()(run)
