@@ -62,7 +62,7 @@ def profile(
     json_out: JsonOut = None,
     verbose: Verbose = False,
 ) -> None:
-    """Score every candidate node's FP16 sensitivity in about three passes over the model (no search) and
+    """Score every candidate node's FP16 sensitivity without a search (one run per node and per consumer edge) and
     write profile.json (sorted, highest first; use it as `precision --scores`) and profile.png.
 
     A node's score is the larger of its local error (it alone runs FP16 on golden FP32 inputs) and the error
