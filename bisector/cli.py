@@ -22,11 +22,15 @@ app = typer.Typer(
 )
 
 from .commands.batch import batch
+from .commands.inspect import inspect
 from .commands.precision import precision
+from .commands.profile import profile
 from .commands.run import run
 from .commands.verify import verify
 
+app.command()(inspect)
 app.command()(precision)
+app.command()(profile)
 app.command()(run)
 app.command()(verify)
 app.command()(batch)

@@ -45,5 +45,14 @@ def first_divergence(catalog: Catalog, results: Mapping[str, OutputComparison], 
     for t in failing[:limit]:
         node = catalog.nodes[producers[t]]
         r = results[t]
-        lines.append(f"  {t} <- node {node.name} ({node.op_type}): needs abs {r.required_abs:.4g} / rel {r.required_rel:.4g}")
+        lines.append(f"  {t} <- node {node.name} ({node.op_type}): needs abs {r.required_abs:.4g} / rel {r.required_rel:.4g}"
+                     f"{_origin(catalog, node.name, results)}")
     return "\n".join(lines)
+
+
+def _origin(catalog: Catalog, node: str, results: Mapping[str, OutputComparison]) -> str:
+    """'introduced here' when every compared input of the node is within tolerance, else where it came from."""
+    bad = [t for t in catalog.node_inputs(node) if t in results and not results[t].passed]
+    if not bad:
+        return "  [introduced here]"
+    return "  [inherits " + ", ".join(f"{t} from {catalog.producers.get(t, '?')}" for t in bad) + "]"

@@ -18,7 +18,7 @@ import onnxruntime as ort
 from .. import __version__
 from ..catalog import Catalog
 from ..executor import NodeExecutor, feeds_digest
-from ..fp16 import round_weight
+from ..fp16 import round_activation, round_weight
 from ..plan import Plan
 
 
@@ -77,6 +77,35 @@ class EmulateBackend:
             round_outputs=fp16.__contains__, fused=fused,
         )
         return _Overlay(changed, ref)
+
+    def run_node(self, fp16: frozenset[str], node: str, tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One node under the rules, its inputs taken from `tensors` (e.g. the FP32 reference).
+
+        `fp16` is the plan's FP16 set: the node reads its inputs and stores its outputs exactly as it would
+        inside `run_all`. Returns its outputs (as stored) by tensor name. Used by `profile` for local errors.
+        """
+        cat = self.catalog
+        proto = cat.nodes[node]
+        inputs = cat.node_inputs(node)
+        explicit_idx = [i for i, t in enumerate(proto.input) if t]
+        values, rounded = [], []
+        for pos, t in enumerate(inputs):
+            idx = explicit_idx[pos] if pos < len(explicit_idx) else None
+            v, r = self._read(fp16, node, idx, t, tensors[t])
+            if r and idx is None:  # outer-scope value: rounded here, no Cast reaches into a subgraph
+                v, r = round_activation(v), False
+            values.append(v)
+            rounded.append(r)
+        names = [o for o in proto.output if o]
+        round_out = tuple(node in fp16 and (tensors[o].dtype == np.float32 if o in tensors else cat.is_float(o))
+                          for o in names)
+        outs = self.executor.run_node(proto, values, tuple(rounded), round_out)
+        return dict(zip(names, outs))
+
+    def read_input(self, fp16: frozenset[str], node: str, index: int | None, tensor: str, value: np.ndarray) -> np.ndarray:
+        """What `node` reads for `tensor` (explicit input `index`, None for outer-scope values) under `fp16`."""
+        v, r = self._read(fp16, node, index, tensor, value)
+        return round_activation(v) if r else v
 
     # ---- the rules of DESIGN §4 ------------------------------------------------------------------------------
     def _read(self, fp16: frozenset[str], node: str, index: int | None, tensor: str, value: np.ndarray):

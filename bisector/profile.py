@@ -1,0 +1,294 @@
+"""Per-node FP16 sensitivity scores, cheap: no search, a fixed number of passes over the model.
+
+For every candidate node `X` (the emulate backend's rules, DESIGN §4, through `EmulateBackend.run_node`):
+
+- **local**: `X` alone runs FP16, fed with the golden FP32 tensors. It reads its float data inputs rounded
+  (activations round to nearest, inf beyond ±65504; weights clamp), runs once, and stores its outputs rounded.
+  Its outputs are compared with the FP32 reference outputs. The input rounding is part of this score, so a
+  consumer that only fails because it reads an overflowing or cancelling input (`planted_attenuate` reading
+  `planted_gain`'s ±3e4·h, `planted_offset_sub` reading h+20000) scores high by itself.
+- **downstream** (one step of propagation): every consumer `Y` of `X`'s outputs runs *FP32* on `X`'s FP16
+  outputs (everything else golden), and `Y`'s outputs are compared with the reference. This is what blames the
+  *producer* of a tensor whose rounding a consumer amplifies: `planted_offset_add`'s own output is only 4e-4
+  off relatively (h+20000 stored in FP16), but `planted_offset_sub` turns that into an error of up to 8 on
+  values in [0, 1]. A longer propagation (the whole forward cone of `X`) would be one emulated evaluation per
+  node, which is exactly the cost this module avoids.
+
+score = max(local, downstream), each in units of the tolerance: for `elemwise` the largest per-element
+min(absdiff/atol, reldiff/rtol) over the node's float outputs (> 1 means that tensor alone would fail the check
+the user asked for, applied to an intermediate tensor); for mean/median/max/quantile the smaller of
+statistic(absdiff)/atol and statistic(reldiff)/rtol. An element that became inf or NaN where the reference is
+finite saturates the score at ``SATURATED`` × (1 + affected fraction); finite scores are capped below it. Over
+several input sets the largest score wins and counts add up. Overflow (finite → inf), underflow (nonzero → 0)
+and NaN counts are reported per tensor, for the rounded inputs and the outputs of the local run.
+
+Cost, measured with `bench/profile_cost.py` (2 shared CPU cores under heavy load, ORT single-threaded, CPU
+seconds, best of several runs). Work: one local run per candidate plus one FP32 run per consumer edge (about
+2.2 node runs per candidate on planted.onnx), each with FP16 rounding of its inputs/outputs and a comparison.
+
+    model (candidates)          whole-model FP32  node-by-node FP32  emulated all-FP16  profile (warm)
+    planted.onnx 16x16 (102)    0.2 ms            3.2 ms             7.2 ms             31 ms
+    planted 64x64 (102)         13.5 ms           22 ms              205 ms             1.07 s
+
+i.e. the profile costs 4.4-5.3 emulated evaluations (what a search pays per plan), 10-50 node-by-node FP32
+passes, and far more than one whole-model ORT inference (40-150x): on the tiny model per-node Python overhead
+dominates; on the larger one numpy's float32->float16 `astype` (about half the time; an ORT Cast pair does
+the same rounding bit for bit 18x faster, measured on 16M elements) and the comparisons (the other half), not
+ORT compute. Session builds (one per node, shared with later searches on the same backend) are the fixed
+overhead. So the target of about five FP32 inferences holds only in units of the emulate backend's own
+evaluation; faster rounding in fp16.py would bring it down for the profile and every search alike.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from .catalog import Catalog
+from .compare import EPSILON, Tolerance, compare_output
+from .errors import UsageError
+
+SCHEMA_VERSION = 1
+SATURATED = 1e9  # scores at or above this: an inf/NaN appeared where FP32 is finite
+_VALUE_BLIND = frozenset({"Shape", "Size"})  # consumers that read only a tensor's shape
+
+
+# ---- one tensor ------------------------------------------------------------------------------------------------
+def tensor_score(actual: np.ndarray, golden: np.ndarray, tolerance: Tolerance, name: str = "") -> float:
+    """How far `actual` is from `golden`, in units of the tolerance that would apply to a tensor called `name`."""
+    return judge(actual, golden, tolerance, name)[0]
+
+
+def judge(actual: np.ndarray, golden: np.ndarray, tolerance: Tolerance, name: str = "",
+          counts: bool = True) -> tuple[float, dict[str, int] | None]:
+    """(score, counts) of one tensor against its reference, in few passes over memory (see the module note).
+
+    counts: overflow (finite -> inf), underflow (nonzero -> 0), NaN (not NaN -> NaN) and size; None when not
+    asked for. A score of exactly 0 means the tensors are equal.
+    """
+    if actual.shape != golden.shape:
+        return SATURATED * 2, ({**_NO_COUNTS, "size": int(actual.size)} if counts else None)
+    if not (golden.dtype.kind == "f" and actual.dtype.kind == "f"):
+        r = compare_output(name, actual, golden, tolerance)
+        return _finite_score(r.excess, 1.0 if r.mismatches else 0.0), ({**_NO_COUNTS, "size": int(actual.size)} if counts else None)
+    if actual.size == 0:
+        return 0.0, ({**_NO_COUNTS, "size": 0} if counts else None)
+    a = actual.astype(np.float32, copy=False)
+    g = golden.astype(np.float32, copy=False)
+    with np.errstate(all="ignore"):
+        d = np.subtract(a, g)
+        np.abs(d, out=d)
+        top = float(d.max())
+        finite = math.isfinite(top)
+        c = None
+        if counts:
+            c = tensor_counts(a, g, assume_finite=finite)
+        if top == 0:
+            return 0.0, c
+        if not finite:  # an inf or NaN somewhere: count those FP32 does not have
+            same = (a == g) | (np.isnan(a) & np.isnan(g))
+            n_bad = int(np.count_nonzero(~same & ~(np.isfinite(a) & np.isfinite(g))))
+            if n_bad:
+                return SATURATED * (1.0 + n_bad / a.size), c
+            d[same] = 0.0
+        stat, atol, rtol = tolerance.stat.get(name), tolerance.atol.get(name), tolerance.rtol.get(name)
+        if stat == "elemwise":
+            # per element min(absdiff/atol, reldiff/rtol) == absdiff / max(atol, rtol*|golden|)
+            if atol <= 0 and rtol <= 0:
+                return SATURATED * 0.999, c
+            den = np.abs(g)
+            np.maximum(den, np.float32(EPSILON), out=den)
+            den *= np.float32(rtol)
+            np.maximum(den, np.float32(atol), out=den)
+            np.divide(d, den, out=d)
+            return _finite_score(float(d.max())), c
+    r = compare_output(name, a, g, tolerance)
+    return _finite_score(r.excess), c
+
+
+def _finite_score(value: float, nonfinite_fraction: float = 0.0) -> float:
+    if math.isnan(value) or math.isinf(value):
+        return SATURATED * (1.0 + nonfinite_fraction)
+    return min(float(value), SATURATED * 0.999)
+
+
+_NO_COUNTS = {"overflow": 0, "underflow": 0, "nan": 0}
+
+
+def tensor_counts(actual: np.ndarray, golden: np.ndarray, assume_finite: bool = False) -> dict[str, int]:
+    """overflow (finite -> inf), underflow (nonzero -> 0) and NaN (not NaN -> NaN) element counts, and size.
+
+    `assume_finite`: the caller knows `actual` has no inf/NaN (saves a pass)."""
+    if actual.dtype.kind != "f" or actual.shape != golden.shape:
+        return {**_NO_COUNTS, "size": int(actual.size)}
+    with np.errstate(all="ignore"):
+        zero = actual == 0
+        underflow = int(np.count_nonzero(zero & (golden != 0) & np.isfinite(golden))) if zero.any() else 0
+        if assume_finite or np.isfinite(actual).all():
+            return {"overflow": 0, "underflow": underflow, "nan": 0, "size": int(actual.size)}
+        finite_g = np.isfinite(golden)
+        return {
+            "overflow": int(np.count_nonzero(finite_g & np.isinf(actual))),
+            "underflow": underflow,
+            "nan": int(np.count_nonzero(np.isnan(actual) & ~np.isnan(golden))),
+            "size": int(actual.size),
+        }
+
+
+# ---- the profile -----------------------------------------------------------------------------------------------
+def compute_scores(
+    catalog: Catalog,
+    backend: Any,
+    feeds_list: Sequence[Mapping[str, np.ndarray]],
+    tolerance: Tolerance,
+    downstream: bool = True,
+) -> list[dict]:
+    """One record per candidate, sorted by score (highest first, ties in topological order).
+
+    `backend` must offer the emulate backend's `reference(feeds)` and `run_node(fp16, node, tensors)`
+    (`EmulateBackend`, opened on `catalog`). Each record: name, op, index (topological position among the
+    candidates), score, local, downstream, via (the consumer that gave the downstream score), overflow,
+    underflow, nan (totals over the tensors), tensors {name: {role, overflow, underflow, nan, size}}.
+    """
+    if not (hasattr(backend, "reference") and hasattr(backend, "run_node")):
+        raise UsageError(f"profile needs the emulate backend (got {getattr(backend, 'name', backend)!r})")
+    if not feeds_list:
+        raise UsageError("profile needs at least one input set")
+    consumers = _consumers(catalog)
+    records: dict[str, dict] = {}
+    for index, name in enumerate(catalog.candidates):
+        node = catalog.nodes[name]
+        records[name] = {"name": name, "op": node.op_type, "index": index, "score": 0.0, "local": 0.0,
+                         "downstream": 0.0, "via": None, "overflow": 0, "underflow": 0, "nan": 0, "tensors": {}}
+    none: frozenset[str] = frozenset()
+    for feeds in feeds_list:
+        ref = backend.reference(feeds)
+        read_counts: dict[str, dict[str, int]] = {}
+        for name in catalog.candidates:
+            rec = records[name]
+            node = catalog.nodes[name]
+            alone = frozenset((name,))
+            # what the node reads: counts for its rounded float data inputs (weights and activations alike)
+            explicit = [i for i, t in enumerate(node.input) if t]
+            for pos, t in enumerate(catalog.node_inputs(name)):
+                v = ref[t]
+                idx = explicit[pos] if pos < len(explicit) else None
+                if v.dtype != np.float32 or (idx is not None and catalog.is_parameter(name, idx)):
+                    continue  # not data: never rounded
+                counts = read_counts.get(t)  # the same rounding for every reader (weights: the same clamp)
+                if counts is None:
+                    counts = read_counts[t] = tensor_counts(backend.read_input(alone, name, idx, t, v), v)
+                _add_counts(rec, t, "input", counts)
+            outs = backend.run_node(alone, name, ref)
+            changed = {}
+            for o, v in outs.items():
+                score, counts = judge(v, ref[o], tolerance, o)
+                _add_counts(rec, o, "output", counts)
+                rec["local"] = max(rec["local"], score)
+                if score != 0:
+                    changed[o] = v
+            if not downstream:
+                continue
+            if not changed:
+                continue
+            view = _Overlay(changed, ref)
+            for consumer in dict.fromkeys(c for o in changed for c in consumers.get(o, ())):
+                theirs = backend.run_node(none, consumer, view)
+                s = max((judge(v, ref[o], tolerance, o, counts=False)[0] for o, v in theirs.items()), default=0.0)
+                if s > rec["downstream"]:
+                    rec["downstream"], rec["via"] = s, consumer
+    out = []
+    for rec in records.values():
+        rec["score"] = max(rec["local"], rec["downstream"])
+        for t in rec["tensors"].values():
+            for k in ("overflow", "underflow", "nan"):
+                rec[k] += t[k]
+        out.append(rec)
+    out.sort(key=lambda r: (-r["score"], r["index"]))
+    for rank, rec in enumerate(out, 1):
+        rec["rank"] = rank
+    return out
+
+
+def _add_counts(rec: dict, tensor: str, role: str, counts: dict[str, int]) -> None:
+    prev = rec["tensors"].get(tensor)
+    if prev is None:
+        rec["tensors"][tensor] = {"role": role, **counts}
+    else:
+        for k in ("overflow", "underflow", "nan"):
+            prev[k] += counts[k]
+
+
+def _consumers(catalog: Catalog) -> dict[str, list[str]]:
+    """tensor -> nodes that read its values (explicit data inputs or outer-scope reads), in topological order."""
+    out: dict[str, list[str]] = {}
+    for node in catalog.model.graph.node:
+        if node.op_type in _VALUE_BLIND or node.op_type == "Constant":
+            continue
+        explicit = [i for i, t in enumerate(node.input) if t]
+        for pos, t in enumerate(catalog.node_inputs(node.name)):
+            idx = explicit[pos] if pos < len(explicit) else None
+            if idx is not None and catalog.is_parameter(node.name, idx):
+                continue
+            lst = out.setdefault(t, [])
+            if node.name not in lst:
+                lst.append(node.name)
+    return out
+
+
+class _Overlay(dict):
+    def __init__(self, changed: Mapping, reference: Mapping):
+        super().__init__(changed)
+        self._reference = reference
+
+    def __missing__(self, key):
+        return self._reference[key]
+
+
+# ---- files -----------------------------------------------------------------------------------------------------
+def profile_document(nodes: Iterable[dict], meta: Mapping[str, Any] | None = None) -> dict:
+    """The profile.json content; non-finite numbers (a NaN required tolerance, say) become null (strict JSON)."""
+    return _jsonable({"schema_version": SCHEMA_VERSION, **(dict(meta) if meta else {}), "nodes": list(nodes)})
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def write_profile(path: Path, nodes: Sequence[dict], meta: Mapping[str, Any] | None = None) -> Path:
+    from .artifacts.io import write_text_atomic
+
+    path = Path(path)
+    write_text_atomic(path, json.dumps(profile_document(nodes, meta), indent=2, allow_nan=False) + "\n")
+    return path
+
+
+def load_scores(path: str | Path) -> dict[str, float]:
+    """{node name: score} from a profile.json (for `precision --scores`). Raises UsageError on a bad file."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"scores file not found: {path}") from None
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{path}: not a readable profile JSON ({exc})") from None
+    nodes = doc.get("nodes") if isinstance(doc, dict) else None
+    if not isinstance(nodes, list):
+        raise UsageError(f"{path}: not a profile (expected {{\"nodes\": [...]}}, as `bisector profile` writes)")
+    scores: dict[str, float] = {}
+    for i, n in enumerate(nodes):
+        try:
+            scores[str(n["name"])] = float(n["score"])
+        except (TypeError, KeyError, ValueError):
+            raise UsageError(f"{path}: nodes[{i}] lacks a name or a numeric score") from None
+    return scores

@@ -1,0 +1,183 @@
+"""Progress of a search, for people: a rich live panel on a terminal, plain log lines otherwise (CI).
+
+Always on stderr (never stdout, so `--json -` and other machine output stay clean). One object receives both
+kinds of event a search produces:
+
+- the oracle's verdicts: ``Oracle(on_verdict=progress.on_verdict)`` (or ``job.oracle(on_verdict=...)``):
+  evaluations done, new vs journal, the set size just judged, pass/fail, time per evaluation;
+- the strategy's ``progress`` hint: ``run_search(..., progress=progress)``; strategies call it with
+  ``{"phase", "fp32_size", "best", "evaluations"}`` (strategies/__init__.py), which adds the phase.
+
+Use it as a context manager (the live display needs start and stop)::
+
+    with SearchProgress(len(catalog.candidates), max_evals=..., time_limit=...) as progress:
+        oracle = job.oracle(on_verdict=progress.on_verdict)
+        result = run_search(oracle, strategy, options, progress=progress)
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from typing import Any, Callable, TextIO
+
+
+class SearchProgress:
+    def __init__(
+        self,
+        candidates: int,
+        stream: TextIO | None = None,
+        live: bool | None = None,
+        max_evals: int | None = None,
+        time_limit: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.candidates = candidates
+        self.stream = stream if stream is not None else sys.stderr
+        self.live = _is_tty(self.stream) if live is None else live
+        self.max_evals = max_evals
+        self.time_limit = time_limit
+        self.clock = clock
+        self.started = clock()
+        self.evaluations = 0  # distinct verdicts received
+        self.new = 0
+        self.cached = 0
+        self.eval_seconds = 0.0  # backend time of new evaluations
+        self.phase = "start"
+        self.last_size: int | None = None
+        self.last_passed: bool | None = None
+        self.best: frozenset[str] | None = None
+        self._live: Any = None
+
+    # ---- lifecycle ---------------------------------------------------------------------------------------------
+    def __enter__(self) -> "SearchProgress":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self.started = self.clock()
+        if self.live and self._live is None:
+            from rich.console import Console
+            from rich.live import Live
+
+            console = Console(file=self.stream, stderr=self.stream is sys.stderr)
+            self._live = Live(self._render(), console=console, refresh_per_second=8, transient=False)
+            self._live.start()
+        elif not self.live:
+            self._line(f"search over {self.candidates} candidates started"
+                       + (f"; budget {self.max_evals} evaluations" if self.max_evals else "")
+                       + (f", {self.time_limit:g}s" if self.time_limit else ""))
+
+    def stop(self) -> None:
+        if self._live is not None:
+            self._live.update(self._render())
+            self._live.stop()
+            self._live = None
+        elif not self.live:
+            self._line(f"search done: {self.evaluations} evaluations ({self.new} new, {self.cached} cached), "
+                       f"best {self._best_text()}, {self.elapsed():.1f}s")
+
+    # ---- events ------------------------------------------------------------------------------------------------
+    def on_verdict(self, verdict: Any) -> None:
+        """Oracle callback (`Oracle(on_verdict=...)`): a `Verdict` with fp32, passed, seconds, source."""
+        self.evaluations += 1
+        if getattr(verdict, "source", "new") == "journal":
+            self.cached += 1
+        else:
+            self.new += 1
+            self.eval_seconds += sum(getattr(verdict, "seconds", {}).values())
+        fp32 = frozenset(getattr(verdict, "fp32", ()))
+        self.last_size, self.last_passed = len(fp32), bool(verdict.passed)
+        if verdict.passed and (self.best is None or len(fp32) < len(self.best)):
+            self.best = fp32
+        if self._live is not None:
+            self._live.update(self._render())
+        elif not self.live:
+            self._line(
+                f"eval {self.evaluations}{' (journal)' if getattr(verdict, 'source', 'new') == 'journal' else ''}: "
+                f"{self.last_size} FP32 -> {'pass' if verdict.passed else 'FAIL'} | best {self._best_text()} | "
+                f"phase {self.phase} | {self.elapsed():.1f}s{self._eta_text()}"
+            )
+
+    def __call__(self, info: dict) -> None:
+        """Strategy `progress` hint: {"phase", "fp32_size", "best", "evaluations"}."""
+        phase = info.get("phase")
+        if phase and phase != self.phase:
+            self.phase = str(phase)
+            if not self.live:
+                self._line(f"phase: {self.phase}")
+        best = info.get("best")
+        if best is not None and (self.best is None or len(best) < len(self.best)):
+            self.best = frozenset(best)
+        if self._live is not None:
+            self._live.update(self._render())
+
+    # ---- numbers -----------------------------------------------------------------------------------------------
+    def elapsed(self) -> float:
+        return self.clock() - self.started
+
+    def per_eval(self) -> float | None:
+        return self.elapsed() / self.evaluations if self.evaluations else None
+
+    def estimate_left(self) -> tuple[float, bool] | None:
+        """(seconds left, exact_budget). From the budget when there is one; otherwise a rough guess: a search
+        for k culprits among N needs about k*log2(N/k) + 2k evaluations (k = best size so far, at least 1)."""
+        per = self.per_eval()
+        if per is None:
+            return None
+        bounds = []
+        if self.max_evals is not None:
+            bounds.append(max(self.max_evals - self.new, 0) * per)
+        if self.time_limit is not None:
+            bounds.append(max(self.time_limit - self.elapsed(), 0.0))
+        if bounds:
+            return min(bounds), True
+        k = max(len(self.best) if self.best is not None else 1, 1)
+        n = max(self.candidates, 1)
+        total = k * math.log2(max(n / k, 2)) + 2 * k + 1
+        return max(total - self.evaluations, 0) * per, False
+
+    def _eta_text(self) -> str:
+        est = self.estimate_left()
+        if est is None:
+            return ""
+        seconds, exact = est
+        return f", {'at most' if exact else '~'}{seconds:.0f}s left" if seconds >= 1 or exact else ""
+
+    def _best_text(self) -> str:
+        return "none yet" if self.best is None else f"{len(self.best)} FP32"
+
+    def _line(self, text: str) -> None:
+        print(f"[bisector] {text}", file=self.stream, flush=True)
+
+    def _render(self) -> Any:
+        from rich.table import Table
+
+        table = Table(title="bisector search", show_header=False, box=None, padding=(0, 1))
+        table.add_column(style="bold cyan", justify="right")
+        table.add_column()
+        budget = f" / {self.max_evals}" if self.max_evals else ""
+        table.add_row("evaluations", f"{self.evaluations}{budget} ({self.new} new, {self.cached} from journal)")
+        table.add_row("phase", self.phase)
+        last = "-" if self.last_size is None else f"{self.last_size} FP32 -> {'[green]pass' if self.last_passed else '[red]fail'}"
+        table.add_row("last candidate", last)
+        best = self._best_text()
+        if self.best is not None and len(self.best) <= 8:
+            best += ": " + ", ".join(sorted(self.best))
+        table.add_row("best passing", best)
+        per = self.per_eval()
+        table.add_row("elapsed", f"{self.elapsed():.1f}s" + (f" ({per:.2f}s per evaluation)" if per else ""))
+        eta = self._eta_text().lstrip(", ")
+        table.add_row("estimate", eta or "-")
+        return table
+
+
+def _is_tty(stream: TextIO) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False

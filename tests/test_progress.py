@@ -1,0 +1,90 @@
+"""The search progress display: plain lines on stderr when not a TTY, never stdout."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field
+
+from bisector.progress import SearchProgress
+
+
+@dataclass
+class FakeVerdict:
+    fp32: frozenset
+    passed: bool
+    seconds: dict = field(default_factory=lambda: {"run": 0.01})
+    source: str = "new"
+
+
+class Clock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_plain_lines_when_not_a_tty(capsys):
+    stream, clock = io.StringIO(), Clock()
+    with SearchProgress(10, stream=stream, max_evals=20, clock=clock) as p:
+        clock.t += 1
+        p.on_verdict(FakeVerdict(frozenset("abcdefghij"), True))
+        p({"phase": "verify", "fp32_size": 2, "best": None, "evaluations": 1})
+        clock.t += 1
+        p.on_verdict(FakeVerdict(frozenset("ab"), True))
+        p.on_verdict(FakeVerdict(frozenset("a"), False, source="journal"))
+    text = stream.getvalue()
+    lines = text.splitlines()
+    assert all(line.startswith("[bisector] ") for line in lines), lines
+    assert "\x1b[" not in text  # no terminal control codes in CI logs
+    assert "eval 1: 10 FP32 -> pass | best 10 FP32" in lines[1]
+    assert "phase: verify" in lines[2]
+    assert "eval 2: 2 FP32 -> pass | best 2 FP32 | phase verify | 2.0s" in lines[3]
+    assert "at most" in lines[3]  # a budget gives a bound on the time left
+    assert "eval 3 (journal): 1 FP32 -> FAIL | best 2 FP32" in lines[4]
+    assert lines[-1].startswith("[bisector] search done: 3 evaluations (2 new, 1 cached), best 2 FP32")
+    assert capsys.readouterr().out == ""
+
+
+def test_default_stream_is_stderr_not_stdout(capsys):
+    with SearchProgress(3, live=False) as p:
+        p.on_verdict(FakeVerdict(frozenset({"x"}), True))
+    captured = capsys.readouterr()
+    assert captured.out == "" and "eval 1" in captured.err
+
+
+def test_estimate_without_budget_is_a_rough_guess():
+    clock = Clock()
+    p = SearchProgress(64, stream=io.StringIO(), live=False, clock=clock)
+    p.start()
+    assert p.estimate_left() is None
+    clock.t += 2
+    p.on_verdict(FakeVerdict(frozenset(), False))
+    seconds, exact = p.estimate_left()
+    assert not exact and seconds > 0
+
+
+def test_drives_a_real_strategy():
+    from bisector.strategies.greedy import Greedy
+
+    stream = io.StringIO()
+    culprits = {"c", "f"}
+    with SearchProgress(8, stream=stream, live=False) as p:
+        def passes(s):
+            ok = culprits <= s
+            p.on_verdict(FakeVerdict(frozenset(s), ok))
+            return ok
+
+        answer = Greedy().search(list("abcdefgh"), passes, progress=p)
+    assert answer == frozenset(culprits)
+    assert p.best == frozenset(culprits)
+    assert "best 2 FP32" in stream.getvalue().splitlines()[-1]
+
+
+def test_live_mode_renders_to_its_stream_only(capsys):
+    stream = io.StringIO()
+    with SearchProgress(4, stream=stream, live=True) as p:
+        p.on_verdict(FakeVerdict(frozenset({"a", "b"}), True))
+        p({"phase": "shrink", "fp32_size": 1, "best": frozenset({"a", "b"}), "evaluations": 1})
+    assert "best passing" in stream.getvalue() and "a, b" in stream.getvalue()
+    assert capsys.readouterr().out == ""
