@@ -119,6 +119,18 @@ def _finite_score(value: float, nonfinite_fraction: float = 0.0) -> float:
 _NO_COUNTS = {"overflow": 0, "underflow": 0, "nan": 0}
 
 
+def rounding_counts(value: np.ndarray, is_weight: bool = False) -> dict[str, int]:
+    """What storing `value` in FP16 does to it, counted without converting it: overflow (finite values from
+    65520 up become inf; a weight is clamped instead, counted all the same), underflow (nonzero values below
+    2^-25 become 0; a weight is lifted to 2^-24 instead, not counted)."""
+    with np.errstate(all="ignore"):
+        mag = np.abs(value)
+        finite = np.isfinite(mag)
+        overflow = int(np.count_nonzero(finite & (mag >= np.float32(65520.0 if not is_weight else 65504.0))))
+        underflow = 0 if is_weight else int(np.count_nonzero((mag > 0) & (mag <= np.float32(2.0**-25))))
+    return {"overflow": overflow, "underflow": underflow, "nan": 0, "size": int(value.size)}
+
+
 def tensor_counts(actual: np.ndarray, golden: np.ndarray, assume_finite: bool = False) -> dict[str, int]:
     """overflow (finite -> inf), underflow (nonzero -> 0) and NaN (not NaN -> NaN) element counts, and size.
 
@@ -181,7 +193,7 @@ def compute_scores(
                     continue  # not data: never rounded
                 counts = read_counts.get(t)  # the same rounding for every reader (weights: the same clamp)
                 if counts is None:
-                    counts = read_counts[t] = tensor_counts(backend.read_input(alone, name, idx, t, v), v)
+                    counts = read_counts[t] = rounding_counts(v, is_weight=t in catalog.weights)
                 _add_counts(rec, t, "input", counts)
             outs = backend.run_node(alone, name, ref)
             changed = {}

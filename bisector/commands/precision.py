@@ -74,6 +74,9 @@ def precision(
     output_dir: Annotated[Path, typer.Option("-o", "--output-dir", help="Where to write the artifacts.")] = Path("bisector_out"),
     cache_dir: CacheDir = None,
     no_cache: NoCache = False,
+    scores: Annotated[Optional[str], typer.Option("--scores", help="Per-node FP16 sensitivity to order the search: a profile.json from `bisector profile`, or `profile` to compute it first (emulate).")] = None,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Live progress on stderr when it is a terminal (plain lines otherwise).")] = True,
+    plot: Annotated[bool, typer.Option("--plot/--no-plot", help="Write profile.json/profile.png (per-node sensitivity, final FP32 nodes, output error histograms) with the artifacts (emulate).")] = True,
     resume: Annotated[bool, typer.Option("--resume/--no-resume", help="Answer repeated plans from the journal of earlier runs with the same model, inputs, backend and tolerances.")] = True,
     max_evals: Annotated[Optional[int], typer.Option("--max-evals", help="Stop after this many new evaluations; report the best passing set so far (minimal: false).")] = None,
     time_limit: Annotated[Optional[float], typer.Option("--time-limit", help="Stop after this many seconds; report the best passing set so far.")] = None,
@@ -88,6 +91,8 @@ def precision(
     from ..artifacts.write import write_artifacts
     from ..junit import Suite
     from ..oracle import Budget
+    from ..profile import load_scores
+    from ..progress import SearchProgress
     from ..search import run_search
     from ..session import build_job
 
@@ -108,13 +113,28 @@ def precision(
     t_setup = time.perf_counter() - t0
     cat = job.catalog
     log.info("%s: %d candidates, %d pinned; golden %s", cat.path.name, len(cat.candidates), len(cat.pinned), job.golden.source)
+    hints, profile_nodes, t_profile = {}, None, 0.0
+    if scores == "profile":
+        t1 = time.perf_counter()
+        profile_nodes = _profile(job)
+        t_profile = time.perf_counter() - t1
+        hints["scores"] = {n["name"]: n["score"] for n in profile_nodes}
+    elif scores is not None:
+        loaded = load_scores(scores)
+        if not set(loaded) & set(cat.candidates):
+            raise UsageError(f"--scores {scores} names none of this model's candidates (a profile of another model?)")
+        hints["scores"] = {n: loaded.get(n, 0.0) for n in cat.candidates}
     journal = job.journal(resume=resume)
     budget = Budget(max_evals=max_evals, time_limit=time_limit)
-    oracle = job.oracle(budget=budget, journal=journal, on_verdict=lambda v: log.info(
-        "eval %d: %d FP32 -> %s%s", len(oracle.history), len(v.fp32), "pass" if v.passed else "fail",
-        " (journal)" if v.source == "journal" else ""))
+    display = SearchProgress(len(cat.candidates), live=None if progress else False, max_evals=max_evals,
+                             time_limit=time_limit)
+    oracle = job.oracle(budget=budget, journal=journal, on_verdict=display.on_verdict)
     try:
-        result = run_search(oracle, strategy, {"direction": direction})
+        with display:
+            result = run_search(oracle, strategy, {"direction": direction}, hints=hints, progress=display)
+        extra_report = ""
+        if plot and job.backend.name == "emulate":
+            extra_report = _write_profile_artifacts(job, output_dir, result.fp32, profile_nodes)
     finally:
         job.close()
         if journal is not None:
@@ -128,10 +148,11 @@ def precision(
         evaluations=Evaluations(**result.evaluations),
         golden=Golden(source=job.golden.source, reference_runs=job.golden.reference_runs),
         strategy=strategy, candidates=len(cat.candidates), pinned=cat.pinned,
-        timings={"setup": t_setup, "search": result.seconds, "backend_run": run_s, "compare": cmp_s},
+        timings={"setup": t_setup, "profile": t_profile, "search": result.seconds, "backend_run": run_s,
+                 "compare": cmp_s},
         outputs={k: v.to_json() for k, v in result.verdict.outputs.items()},
     )
-    paths = write_artifacts(output_dir, cat, constraints)
+    paths = write_artifacts(output_dir, cat, constraints, extra_report)
     if json_out is not None:
         write_text_atomic(json_out, constraints.model_dump_json(indent=2) + "\n")
     if junit is not None:
@@ -151,3 +172,38 @@ def precision(
     raise typer.Exit(0 if result.passed else 1)
 
 
+
+
+def _profile(job) -> list[dict]:
+    from ..profile import compute_scores
+
+    if job.backend.name != "emulate":
+        raise UsageError("--scores profile needs --backend emulate; run `bisector profile` and pass its profile.json")
+    return compute_scores(job.catalog, job.backend, job.feeds_list, job.tolerance)
+
+
+def _write_profile_artifacts(job, output_dir: Path, fp32: frozenset[str], nodes: list[dict] | None) -> str:
+    """profile.json + profile.png next to the other artifacts; returns the report section that shows them."""
+    import numpy as np
+
+    from ..artifacts.plot import render_profile_png
+    from ..compare import compare_outputs
+    from ..plan import Plan
+    from ..profile import write_profile
+
+    nodes = nodes if nodes is not None else _profile(job)
+    plan = Plan(frozenset(fp32), job.catalog.candidates)
+    errors: dict[str, list] = {}
+    for feeds, golden in zip(job.feeds_list, job.golden.outputs):
+        results = compare_outputs(job.backend.run(plan, feeds, list(golden)), golden, job.tolerance, keep_diff=True)
+        for name, r in results.items():
+            if r.absdiff is not None:
+                errors.setdefault(name, []).append(r.absdiff.ravel())
+    merged = {k: np.concatenate(v) for k, v in errors.items()}
+    write_profile(Path(output_dir) / "profile.json", nodes, {"model": str(job.catalog.path), "fp32_nodes": sorted(fp32)})
+    render_profile_png(nodes, fp32, Path(output_dir) / "profile.png", merged,
+                       tolerance={k: job.tolerance.atol.get(k) for k in merged})
+    top = ", ".join(f"`{n['name']}` ({n['score']:.3g})" for n in nodes[:5])
+    return ("## FP16 sensitivity\n\nPer-node score (local FP16 error in units of the tolerance; see `bisector profile`)"
+            f", final FP32 nodes highlighted; below, each output's error histogram for the final plan. Top: {top}.\n\n"
+            "![profile](profile.png)\n")
