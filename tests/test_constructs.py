@@ -106,3 +106,114 @@ def test_all_fp16_and_all_fp32_mixed_models_are_faithful(name):
     feeds = feeds_for(cat, INDEX[name]["args"])
     check_mixed(cat, frozenset(), feeds)
     check_mixed(cat, frozenset(cat.candidates), feeds)
+
+
+# ---- construct-specific checks -------------------------------------------------------------------------------
+def test_shape_computations_are_pinned_and_4098_survives_all_fp16():
+    cat = Catalog.load(CONSTRUCTS / "shape_4098.onnx")
+    for node in ("shape_mul", "shape_div", "width_minus_one"):
+        assert cat.pinned[node].startswith("shape computation")
+    feeds = feeds_for(cat, INDEX["shape_4098"]["args"])
+    be = EmulateBackend()
+    be.open(cat)
+    out = be.run_all(Plan.all_fp16(cat.candidates), feeds)
+    assert out["shp_i"].tolist() == [1, 1, 1, 4098] and out["end_i"].tolist() == [4097]
+    assert out["y"].shape == (1, 1, 1, 4098)
+    assert float(np.float16(4098.0)) == 4096.0  # what rounding the shape would have done
+
+
+def test_weights_from_constant_nodes_clamp_and_lift_like_initializers():
+    cat = Catalog.load(CONSTRUCTS / "constant_weights.onnx")
+    assert "node_of_w_const" in cat.names and "node_of_w_const" not in cat.candidates  # unnamed Constant: a weight
+    assert {"w_const", "half", "tiny"} <= cat.weights
+    mixed = build_mixed_model(cat, frozenset({"gemm_big_weight"}))
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in mixed.graph.initializer}
+    assert inits["tiny__fp16"].dtype == np.float16 and np.all(inits["tiny__fp16"] == np.float16(2.0**-24))
+    assert inits["untiny__fp16"] == np.float16(65504)
+    # the shared bias: exact for the FP32 Gemm, an FP16 copy for the FP16 Add
+    assert inits["shared_bias"].dtype == np.float32 and inits["shared_bias__fp16"].dtype == np.float16
+    assert "w_big" in inits and "w_big__fp16" not in inits
+
+
+def test_masks_to_large_negative_floats_never_make_nan():
+    cat = Catalog.load(CONSTRUCTS / "masks_ints.onnx")
+    feeds = feeds_for(cat, INDEX["masks_ints"]["args"])
+    assert feeds["ids"].dtype == np.int64 and feeds["ids"].max() <= 31 and feeds["pos"].dtype == np.int32
+    assert feeds["mask"].dtype == np.bool_
+    be = EmulateBackend()
+    be.open(cat)
+    out = be.run_all(Plan.all_fp16(cat.candidates), feeds)
+    assert np.all(np.isfinite(out["y"]))
+    assert out["bias"].min() == -65504  # the -3.4e38 weight clamps in an FP16 Mul
+    assert out["bias_b"].min() == -65504  # so does the -1e9 of the Where
+
+
+def test_dynamic_batch_defaults_to_one_with_a_warning(tmp_path, caplog):
+    cat = Catalog.load(CONSTRUCTS / "dynamic.onnx")
+    with caplog.at_level(logging.WARNING, logger="bisector"):
+        feeds = generate_inputs(cat, {}, {}, seed=1)[0]
+    assert feeds["x"].shape == (1, 16) and "dynamic" in caplog.text and "--input-shapes" in caplog.text
+
+
+def test_dynamic_batch_that_cannot_be_one_is_a_clear_error(tmp_path, capsys):
+    code = main_cli("precision", CONSTRUCTS / "dynamic_needs_shape.onnx", "--fp16", "--atol", "1e-2",
+                    "-o", tmp_path / "o", "--cache-dir", tmp_path / "c")
+    err = capsys.readouterr().err
+    assert code == 2 and "dynamic input dimensions" in err and "--input-shapes" in err and "Traceback" not in err
+
+
+def test_stale_value_info_is_ignored_with_a_warning(caplog):
+    with caplog.at_level(logging.WARNING, logger="bisector"):
+        cat = Catalog.load(CONSTRUCTS / "stale_value_info.onnx")
+    assert "stale value_info" in caplog.text
+    assert cat.is_float("h") and "relu" in cat.candidates
+
+
+def test_model_beyond_the_protobuf_limit_loads_by_path_and_writes_external_data(tmp_path, monkeypatch):
+    """A real 2 GB model is too slow for a unit test: the limit is lowered instead."""
+    from bisector import catalog as catalog_mod
+    from bisector import golden
+
+    from bisector.artifacts import write
+
+    monkeypatch.setattr(catalog_mod, "PROTOBUF_LIMIT", 1500)
+    monkeypatch.setattr(write, "EXTERNAL_MIN_BYTES", 16)
+    model = tmp_path / "m" / "external_data.onnx"
+    model.parent.mkdir()
+    for f in CONSTRUCTS.glob("external_data.onnx*"):
+        shutil.copy(f, model.parent / f.name)
+    loaded_by_path = []
+    real = ort.InferenceSession
+
+    def spy(what, *a, **k):
+        loaded_by_path.append(isinstance(what, str))
+        return real(what, *a, **k)
+
+    monkeypatch.setattr(golden.ort, "InferenceSession", spy)
+    c, out = search("external_data", tmp_path, model=model)
+    monkeypatch.setattr(golden.ort, "InferenceSession", real)
+    assert loaded_by_path[0] is True  # the reference run (first session) loads the file by path
+    assert (out / "model.mixed.onnx.data").stat().st_size > 0
+    mixed = onnx.load(str(out / "model.mixed.onnx"))  # loads its external data
+    assert any(i.data_location == onnx.TensorProto.EXTERNAL
+               for i in onnx.load(str(out / "model.mixed.onnx"), load_external_data=False).graph.initializer)
+    onnx.checker.check_model(str(out / "model.mixed.onnx"))
+    cat = Catalog.load(model)
+    monkeypatch.setattr(catalog_mod, "PROTOBUF_LIMIT", (1 << 31) - 1)
+    check_mixed(cat, frozenset(c["fp32_nodes"]), feeds_for(cat, INDEX["external_data"]["args"]), mixed)
+
+
+def test_large_golden_outputs_are_spilled_to_disk(tmp_path, monkeypatch):
+    from bisector import golden
+
+    monkeypatch.setenv(golden.SWAP_ENV, "0.0001")  # ~100 bytes: every output here is larger
+    c, _ = search("shape_4098", tmp_path)
+    cat = Catalog.load(CONSTRUCTS / "shape_4098.onnx")
+    feeds = feeds_for(cat, INDEX["shape_4098"]["args"])
+    for source in ("computed", "cache"):
+        g = golden.get_golden(cat, [feeds], tmp_path / ("c2" if source == "computed" else "c2"))
+        assert g.source == source
+        assert isinstance(g.outputs[0]["y"], np.memmap) and not g.outputs[0]["y"].flags.writeable
+    monkeypatch.setenv(golden.SWAP_ENV, "lots")
+    with pytest.raises(Exception, match="megabytes"):
+        golden.spill(np.zeros(1000))
