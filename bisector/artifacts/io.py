@@ -31,7 +31,7 @@ def write_file_atomic(path: Path, fill: Callable[[BinaryIO], None]) -> None:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "wb") as f:
             fd = None
-            fill(_Sink(f))
+            fill(_Sink(f, path))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -49,11 +49,11 @@ def write_file_atomic(path: Path, fill: Callable[[BinaryIO], None]) -> None:
 class _Sink:
     """The temporary file as `fill` sees it: every write goes through `_write` (one place to fail in tests)."""
 
-    def __init__(self, f: BinaryIO):
-        self._f = f
+    def __init__(self, f: BinaryIO, path: Path):
+        self._f, self.path = f, path
 
     def write(self, data) -> int:
-        _write(self._f, data)
+        _write(self._f, data, self.path)
         return len(data)
 
     def flush(self) -> None:
@@ -72,7 +72,7 @@ class _Sink:
         raise OSError("write-only")
 
 
-def _write(f: BinaryIO, data) -> None:
+def _write(f: BinaryIO, data, path: Path) -> None:
     f.write(data)
 
 
