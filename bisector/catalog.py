@@ -7,6 +7,7 @@ layers (`node_of_<first output>`), so names in our artifacts match layer names i
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -24,6 +25,11 @@ from .optable import (
 )
 
 FLOAT = TensorProto.FLOAT
+log = logging.getLogger("bisector")
+
+# Protobuf cannot serialise a message of 2 GiB or more: larger models are loaded by path and written with external
+# data. A module constant so that tests can lower it instead of generating a 2 GB file.
+PROTOBUF_LIMIT = (1 << 31) - 1
 
 
 @dataclass
@@ -51,7 +57,9 @@ class Catalog:
         if not graph.node:
             raise UsageError(f"{path or 'model'}: the graph has no nodes")
         names = _assign_unique_names(graph)
-        tensor_types = _tensor_types(model)
+        inferred = _infer_types(model)
+        _drop_stale_value_info(model, inferred)
+        tensor_types = _tensor_types(model, inferred)
         weights = frozenset(
             [i.name for i in graph.initializer]
             + [o for n in graph.node if n.op_type == "Constant" for o in n.output]
@@ -190,14 +198,75 @@ def _assign_unique_names(graph: onnx.GraphProto) -> list[str]:
     return names
 
 
-def _tensor_types(model: onnx.ModelProto) -> dict[str, int]:
-    types: dict[str, int] = {}
+def _light_copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model without value_info and without the bytes of large initializers (dims and types kept), so that
+    shape inference neither trusts stale value_info nor has to serialise a model beyond 2 GB."""
+    light = onnx.ModelProto()
+    initializers = list(model.graph.initializer)
+    light.CopyFrom(model) if model.ByteSize() <= PROTOBUF_LIMIT else _copy_all_but_initializers(model, light)
+    del light.graph.value_info[:]
+    if model.ByteSize() > PROTOBUF_LIMIT:
+        for init in initializers:
+            stub = light.graph.initializer.add()
+            if init.ByteSize() > 4096:
+                stub.name, stub.data_type = init.name, init.data_type
+                stub.dims.extend(init.dims)
+                stub.data_location = TensorProto.EXTERNAL
+                stub.external_data.add(key="location", value="__not_loaded__")
+            else:
+                stub.CopyFrom(init)
+    return light
+
+
+def _copy_all_but_initializers(model: onnx.ModelProto, into: onnx.ModelProto) -> None:
+    graph = model.graph
+    saved = list(graph.initializer)
+    del graph.initializer[:]  # swapped out for the copy, put back right after
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
-        infos = list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output)
-    except Exception:
-        infos = list(model.graph.value_info) + list(model.graph.input) + list(model.graph.output)
-    for vi in infos:
+        into.CopyFrom(model)
+    finally:
+        graph.initializer.extend(saved)
+
+
+def _infer_types(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
+    """Types and shapes as ONNX infers them from the nodes alone (value_info ignored: it may be stale)."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(_light_copy(model), strict_mode=False)
+    except Exception as exc:
+        log.warning("ONNX shape inference failed (%s); tensor types come from the model's value_info", exc)
+        return {}
+    return {vi.name: vi for vi in list(inferred.graph.value_info) + list(inferred.graph.output)}
+
+
+def _drop_stale_value_info(model: onnx.ModelProto, inferred: dict[str, onnx.ValueInfoProto]) -> None:
+    """value_info that contradicts inference (wrong type or fixed dims) is removed, with a warning: ONNX Runtime
+    would refuse the model, and our rounding decisions must not rest on it."""
+    stale = [vi.name for vi in model.graph.value_info if vi.name in inferred and _conflicts(vi, inferred[vi.name])]
+    if stale:
+        log.warning("ignoring stale value_info for %d tensor(s) (wrong type or shape): %s", len(stale),
+                    ", ".join(stale[:10]) + (" ..." if len(stale) > 10 else ""))
+        keep = [vi for vi in model.graph.value_info if vi.name not in set(stale)]
+        del model.graph.value_info[:]
+        model.graph.value_info.extend(keep)
+
+
+def _conflicts(declared: onnx.ValueInfoProto, inferred: onnx.ValueInfoProto) -> bool:
+    a, b = declared.type.tensor_type, inferred.type.tensor_type
+    if a.elem_type and b.elem_type and a.elem_type != b.elem_type:
+        return True
+    if a.HasField("shape") and b.HasField("shape"):
+        if len(a.shape.dim) != len(b.shape.dim):
+            return True
+        for da, db in zip(a.shape.dim, b.shape.dim):
+            if da.HasField("dim_value") and db.HasField("dim_value") and da.dim_value != db.dim_value:
+                return True
+    return False
+
+
+def _tensor_types(model: onnx.ModelProto, inferred: dict[str, onnx.ValueInfoProto]) -> dict[str, int]:
+    types: dict[str, int] = {}
+    infos = list(model.graph.value_info) + list(model.graph.input) + list(model.graph.output)
+    for vi in infos + list(inferred.values()):  # inference wins over what the file declares
         if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
             types[vi.name] = vi.type.tensor_type.elem_type
     for init in model.graph.initializer:

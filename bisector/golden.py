@@ -7,8 +7,9 @@ reference run at all. `--load-outputs` takes Polygraphy RunResults instead.
 from __future__ import annotations
 
 import hashlib
-import io
 import logging
+import os
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +18,8 @@ from typing import Sequence
 import numpy as np
 import onnxruntime as ort
 
-from .artifacts.io import write_bytes_atomic
+from . import catalog as _catalog
+from .artifacts.io import write_file_atomic
 from .catalog import Catalog
 from .errors import UsageError
 from .inputs import inputs_digest
@@ -62,7 +64,7 @@ def get_golden(
             missing = sorted(set(catalog.output_names) - set(o))
             if missing:
                 raise UsageError(f"--load-outputs {load_outputs} (runner {runner}, iteration {i}): missing output(s) {missing}")
-        golden = Golden([{k: o[k] for k in catalog.output_names} for o in outs], "file", 0, 0.0, Path(load_outputs))
+        golden = Golden([{k: spill(o[k]) for k in catalog.output_names} for o in outs], "file", 0, 0.0, Path(load_outputs))
         check_finite(golden)
         return golden
 
@@ -71,8 +73,8 @@ def get_golden(
         path = Path(cache_dir) / "golden" / f"{golden_key(catalog, feeds_list)}.npz"
         if path.exists():
             try:
-                with np.load(path, allow_pickle=False) as data:
-                    outs = [{k: data[f"{i}/{k}"] for k in catalog.output_names} for i in range(len(feeds_list))]
+                with np.load(path, allow_pickle=False) as data:  # one array in memory at a time
+                    outs = [{k: spill(data[f"{i}/{k}"]) for k in catalog.output_names} for i in range(len(feeds_list))]
                 golden = Golden(outs, "cache", 0, 0.0, path)
                 check_finite(golden)
                 return golden
@@ -86,10 +88,9 @@ def get_golden(
     golden = Golden(outs, "computed", len(feeds_list), time.perf_counter() - t0, path)
     check_finite(golden)
     if path is not None:
-        buf = io.BytesIO()
-        np.savez(buf, **{f"{i}/{k}": v for i, o in enumerate(outs) for k, v in o.items()})
+        arrays = {f"{i}/{k}": v for i, o in enumerate(outs) for k, v in o.items()}
         try:
-            write_bytes_atomic(path, buf.getvalue())
+            write_file_atomic(path, lambda f: np.savez(f, **arrays))  # streamed: no second copy in memory
         except UsageError as exc:  # a cache we cannot write costs time, not correctness
             log.warning("golden outputs not cached: %s", exc)
     return golden
@@ -99,10 +100,15 @@ def run_reference_model(catalog: Catalog, feeds_list: Sequence[Feeds]) -> list[F
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     try:
-        if catalog.path.exists() and catalog.model.ByteSize() > (1 << 31) - 1:
+        if catalog.model.ByteSize() > _catalog.PROTOBUF_LIMIT:
+            # SerializeToString fails beyond 2 GB: ONNX Runtime reads the file and its external data itself.
+            if not catalog.path.is_file():
+                raise UsageError(f"{catalog.path}: a model beyond 2 GB must be loaded from a file with external data")
             session = ort.InferenceSession(str(catalog.path), opts, providers=["CPUExecutionProvider"])
         else:
             session = ort.InferenceSession(catalog.model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    except UsageError:
+        raise
     except Exception as exc:
         raise UsageError(f"ONNX Runtime cannot load {catalog.path} for the FP32 reference run: {exc}") from None
     names = [o.name for o in session.get_outputs()]
@@ -111,9 +117,56 @@ def run_reference_model(catalog: Catalog, feeds_list: Sequence[Feeds]) -> list[F
         try:
             values = session.run(names, dict(feeds))
         except Exception as exc:
-            raise UsageError(f"the FP32 reference run failed on input set {i}: {exc}") from None
-        outs.append(dict(zip(names, values)))
+            raise UsageError(f"the FP32 reference run failed on input set {i}: {exc}{_dynamic_hint(catalog, feeds)}") from None
+        outs.append({k: spill(v) for k, v in zip(names, values)})
     return outs
+
+
+def _dynamic_hint(catalog: Catalog, feeds: Feeds) -> str:
+    """When dynamic dimensions were set to 1 by default, say so: that is the usual reason a model cannot run."""
+    from .inputs import input_metas
+
+    dynamic = [f"{m.name}{list(m.shape)}" for m in input_metas(catalog)
+               if m.shape is not None and any(not (isinstance(d, int) and d > 0) for d in m.shape)]
+    if not dynamic:
+        return ""
+    used = ", ".join(f"{k}:{list(np.shape(v))}" for k, v in feeds.items())
+    return (f". The model has dynamic input dimensions ({', '.join(dynamic)}); the run used {used}. "
+            f"Give the shapes the model needs with --input-shapes, e.g. --input-shapes {dynamic[0].split('[')[0]}:[...]")
+
+
+# ---- large arrays: spilled to disk beyond a threshold (Polygraphy's POLYGRAPHY_ARRAY_SWAP_THRESHOLD_MB) --------
+SWAP_ENV = "BISECTOR_ARRAY_SWAP_THRESHOLD_MB"
+_swap_dir: tempfile.TemporaryDirectory | None = None
+
+
+def swap_threshold_bytes() -> int | None:
+    """Arrays larger than this many bytes live in memory-mapped files; None (unset or negative): never."""
+    text = os.environ.get(SWAP_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        mb = float(text)
+    except ValueError:
+        raise UsageError(f"{SWAP_ENV}={text!r}: expected a number of megabytes") from None
+    return None if mb < 0 else int(mb * (1 << 20))
+
+
+def spill(a: np.ndarray) -> np.ndarray:
+    """`a`, or a read-only memory-mapped copy of it on disk when it is beyond the swap threshold."""
+    global _swap_dir
+    limit = swap_threshold_bytes()
+    if limit is None or not isinstance(a, np.ndarray) or a.nbytes <= limit or a.dtype.hasobject:
+        return a
+    if _swap_dir is None:
+        _swap_dir = tempfile.TemporaryDirectory(prefix="bisector-swap-")
+    fd, path = tempfile.mkstemp(suffix=".npy", dir=_swap_dir.name)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.save(f, a, allow_pickle=False)
+    except OSError as exc:
+        raise UsageError(f"cannot spill a {a.nbytes >> 20} MB array to {_swap_dir.name}: {exc.strerror or exc}") from None
+    return np.load(path, mmap_mode="r")
 
 
 def check_finite(golden: Golden) -> None:

@@ -82,13 +82,28 @@ def build_mixed_model(catalog: Catalog, plan: Plan | frozenset[str]) -> onnx.Mod
         for i, t in enumerate(node.input):
             if t and in_fp16[i] and catalog.is_float(t):
                 new.input[i] = ensure_fp16(t, emitted, parameter=catalog.is_parameter(node.name, i))
-        producer_outputs = []
+        # Outer-scope values an FP16 If reads are stored in FP16: its subgraphs read them through a Cast back to
+        # FP32 (the subgraphs compute FP32, as in the emulation); nothing is retyped inside them.
+        outer = [t for t in catalog.outer_inputs.get(node.name, ()) if catalog.is_float(t)]
+        if outer:
+            _round_outer_reads(new, {t: ensure_fp16(t, emitted) for t in outer})
+        producer_outputs, stored = [], []
         for i, t in enumerate(node.output):
-            if t and out_fp16[i] and catalog.is_float(t):
+            if not (t and catalog.is_float(t)):
+                continue
+            if out_fp16[i]:
                 new.output[i] = fp16_name(t)
-                made_fp16.add(t)
-                producer_outputs.append(t)
+            else:
+                # ONNX does not let this node produce FP16 from what it reads (Range from FP32 bounds that must
+                # not be rounded, If whose type comes from its subgraphs, ConstantOfShape, ...): it computes
+                # FP32 and its output is stored in FP16 right after, exactly the emulation's rule.
+                new.output[i] = f"{t}__fp32_compute"
+                stored.append(helper.make_node("Cast", [new.output[i]], [fp16_name(t)], to=FLOAT16,
+                                               name=f"{t}__store_fp16"))
+            made_fp16.add(t)
+            producer_outputs.append(t)
         emitted.append(new)
+        emitted.extend(stored)
         for t in producer_outputs:
             needs_fp32 = t in graph_outputs or any(
                 r.name not in fp16_nodes or not _reads_fp16(catalog, r, t) for r in readers.get(t, [])
@@ -131,8 +146,39 @@ def _fp16_slots(catalog: Catalog, node: onnx.NodeProto) -> tuple[list[bool], lis
     for i in range(n_out):
         tp = formal(schema.outputs, i)
         ok = "tensor(float16)" in allowed.get(tp, ())
-        outs.append(ok and (tp in converted_params or not converted_params))
+        outs.append(ok and tp in converted_params)  # an output is FP16 only through an FP16 input of its type
     return ins, outs
+
+
+def _round_outer_reads(node: onnx.NodeProto, fp16_of: dict[str, str]) -> None:
+    """Make `node`'s subgraphs read each outer-scope value `t` through `Cast(fp16_of[t], to=FLOAT)`."""
+    for attr in node.attribute:
+        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+        for g in graphs:
+            local = {t: f"{t}__fp16_in_{node.name}_{attr.name}" for t in fp16_of}
+            _rename_free(g, local)
+            casts = [helper.make_node("Cast", [fp16_of[t]], [local[t]], to=FLOAT, name=f"{local[t]}__cast")
+                     for t in fp16_of]
+            nodes = casts + list(g.node)
+            del g.node[:]
+            g.node.extend(nodes)
+
+
+def _rename_free(graph: onnx.GraphProto, mapping: dict[str, str]) -> None:
+    """Rename reads of outer-scope names in `graph` and its nested subgraphs (ONNX forbids shadowing)."""
+    bound = {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    m = {k: v for k, v in mapping.items() if k not in bound}
+    for n in graph.node:
+        for i, t in enumerate(n.input):
+            if t in m:
+                n.input[i] = m[t]
+        for a in n.attribute:
+            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                _rename_free(g, m)
+    for o in graph.output:
+        if o.name in m:
+            # a branch that returns an outer value as is: return the rounded copy instead
+            o.name = m[o.name]
 
 
 def _reads_fp16(catalog: Catalog, reader: onnx.NodeProto, t: str) -> bool:

@@ -6,6 +6,7 @@ import errno
 import os
 import tempfile
 from pathlib import Path
+from typing import BinaryIO, Callable
 
 from ..errors import UsageError
 
@@ -21,7 +22,8 @@ def ensure_dir(path: Path) -> Path:
     return path
 
 
-def write_bytes_atomic(path: Path, data: bytes) -> None:
+def write_file_atomic(path: Path, fill: Callable[[BinaryIO], None]) -> None:
+    """Write `path` through `fill(file)` into a temporary file next to it, then rename: all or nothing."""
     path = Path(path)
     ensure_dir(path.parent if str(path.parent) else Path("."))
     fd, tmp = None, None
@@ -29,7 +31,7 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "wb") as f:
             fd = None
-            f.write(data)
+            fill(_Sink(f, path))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -42,6 +44,40 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
             os.close(fd)
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
+
+
+class _Sink:
+    """The temporary file as `fill` sees it: every write goes through `_write` (one place to fail in tests)."""
+
+    def __init__(self, f: BinaryIO, path: Path):
+        self._f, self.path = f, path
+
+    def write(self, data) -> int:
+        _write(self._f, data, self.path)
+        return len(data)
+
+    def flush(self) -> None:
+        self._f.flush()
+
+    def tell(self) -> int:
+        return self._f.tell()
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._f.seek(offset, whence)
+
+    def seekable(self) -> bool:
+        return True
+
+    def read(self, *_):  # present so that numpy and zipfile treat it as a file; never used for reading
+        raise OSError("write-only")
+
+
+def _write(f: BinaryIO, data, path: Path) -> None:
+    f.write(data)
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    write_file_atomic(path, lambda f: f.write(data))
 
 
 def write_text_atomic(path: Path, text: str) -> None:

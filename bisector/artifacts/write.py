@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
+from typing import Callable
 
 import onnx
+from onnx import TensorProto, numpy_helper
 
+from .. import catalog as _catalog
 from ..catalog import Catalog
+from ..errors import UsageError
 from ..mixed import build_mixed_model
 from .add_constraints import layer_precision_strings, render_add_constraints
 from .constraints import Constraints
-from .io import ensure_dir, write_bytes_atomic, write_text_atomic
+from .io import ensure_dir, write_file_atomic, write_text_atomic
 from .report import render_report
 
 
@@ -25,17 +30,86 @@ def write_artifacts(out_dir: Path, catalog: Catalog, constraints: Constraints, e
         "layer_precisions": out / "layer_precisions.json",
         "report": out / "report.md",
     }
+    # constraints.json is written last and its presence means a complete set: a stale one goes first, so that a
+    # run that fails half way (disk full) can never leave new artifacts beside an old constraints.json.
+    _remove(paths["constraints"])
     # Build everything in memory first: a failure here leaves no artifact of this run behind.
     mixed = build_mixed_model(catalog, frozenset(fp32))
-    onnx.checker.check_model(mixed)
+    mixed_files = _mixed_files(mixed, paths["mixed"])
     float_outputs = {n: [catalog.is_float(o) for o in catalog.nodes[n].output if o] for n in fp32}
     strings = layer_precision_strings(fp32, float_outputs=float_outputs)
     script = render_add_constraints(fp32, catalog.path.name)
     report = render_report(catalog, constraints, strings, extra_report)
 
-    write_bytes_atomic(paths["mixed"], mixed.SerializeToString())
+    for path, fill in mixed_files:  # external data first, the model that names it last
+        write_file_atomic(path, fill)
     write_text_atomic(paths["add_constraints"], script)
     write_text_atomic(paths["layer_precisions"], json.dumps(strings, indent=2) + "\n")
     write_text_atomic(paths["report"], report)
     constraints.write(paths["constraints"])  # last: its presence means the set is complete
     return paths
+
+
+EXTERNAL_MIN_BYTES = 1024  # initializers at least this large go to the .data file of a large mixed model
+
+
+def _mixed_files(mixed: onnx.ModelProto, path: Path) -> list[tuple[Path, Callable]]:
+    """The mixed model as files to write: one .onnx, or (beyond protobuf's 2 GB) .onnx + .onnx.data.
+
+    Checked with onnx.checker before anything is written.
+    """
+    if mixed.ByteSize() <= _catalog.PROTOBUF_LIMIT:
+        onnx.checker.check_model(mixed)
+        data = mixed.SerializeToString()
+        return [(path, lambda f: f.write(data))]
+    data_path = path.with_name(path.name + ".data")
+    chunks: list = []
+    offset = 0
+    for i, init in enumerate(mixed.graph.initializer):
+        if init.ByteSize() < EXTERNAL_MIN_BYTES:
+            continue
+        raw = numpy_helper.to_array(init)
+        ext = TensorProto(name=init.name, data_type=init.data_type, dims=list(init.dims),
+                          data_location=TensorProto.EXTERNAL)
+        pad = (-offset) % 4096  # aligned, as onnx.save_model does, so runtimes can map it
+        if pad:
+            chunks.append(bytes(pad))
+            offset += pad
+        for key, value in (("location", data_path.name), ("offset", str(offset)), ("length", str(raw.nbytes))):
+            ext.external_data.add(key=key, value=value)
+        chunks.append(raw)
+        offset += raw.nbytes
+        mixed.graph.initializer[i].CopyFrom(ext)
+    if mixed.ByteSize() > _catalog.PROTOBUF_LIMIT:
+        raise UsageError("the mixed model is beyond 2 GB even without its weights; it cannot be saved as ONNX")
+    _check_without_external_data(mixed)
+    model_bytes = mixed.SerializeToString()
+
+    def fill_data(f):
+        for c in chunks:
+            f.write(c if isinstance(c, bytes) else memoryview(c).cast("B"))
+
+    return [(data_path, fill_data), (path, lambda f: f.write(model_bytes))]
+
+
+def _remove(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise UsageError(f"cannot replace {path}: {exc.strerror or exc}") from None
+
+
+def _check_without_external_data(model: onnx.ModelProto) -> None:
+    """onnx.checker before the .data file exists: external weights are checked as graph inputs of their type."""
+    light = onnx.ModelProto()
+    light.CopyFrom(model)
+    external = [i for i in light.graph.initializer if i.data_location == TensorProto.EXTERNAL]
+    keep = [i for i in light.graph.initializer if i.data_location != TensorProto.EXTERNAL]
+    del light.graph.initializer[:]
+    light.graph.initializer.extend(keep)
+    declared = {i.name for i in light.graph.input}
+    light.graph.input.extend(onnx.helper.make_tensor_value_info(i.name, i.data_type, list(i.dims))
+                             for i in external if i.name not in declared)
+    onnx.checker.check_model(light)
