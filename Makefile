@@ -39,6 +39,7 @@ bench: $(STAMP)
 
 fixtures: $(STAMP)
 	$(PY) fixtures/generate.py
+	$(PY) fixtures/constructs.py
 
 clean:
 	rm -rf $(VENV) bisector_out .pytest_cache .mypy_cache

@@ -77,10 +77,12 @@ def judge(actual: np.ndarray, golden: np.ndarray, tolerance: Tolerance, name: st
         return _finite_score(r.excess, 1.0 if r.mismatches else 0.0), ({**_NO_COUNTS, "size": int(actual.size)} if counts else None)
     if actual.size == 0:
         return 0.0, ({**_NO_COUNTS, "size": 0} if counts else None)
-    a = actual.astype(np.float32, copy=False)
-    g = golden.astype(np.float32, copy=False)
+    # at least 1-d: numpy turns 0-d results into scalars, which the in-place ops below cannot write into
+    a = np.atleast_1d(actual.astype(np.float32, copy=False))
+    g = np.atleast_1d(golden.astype(np.float32, copy=False))
     with np.errstate(all="ignore"):
-        d = np.subtract(a, g)
+        d = np.empty(a.shape, np.float32)  # an array even for 0-d tensors, so the in-place ops below work
+        np.subtract(a, g, out=d)
         np.abs(d, out=d)
         top = float(d.max())
         finite = math.isfinite(top)
