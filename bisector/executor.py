@@ -101,20 +101,35 @@ class NodeExecutor:
         `read_input(node, index, tensor, value)` returns `(value, round_it)`: the array the node reads (a
         pre-converted weight, say) and whether to round it to FP16 on the way in; `round_outputs(node)` whether
         its float outputs are stored as FP16. Rounding runs inside the node's ORT session as a Cast pair
-        (vectorised, several times faster than numpy's float16 conversion). With `fused`, all-FP32 blocks run
-        as one session and their block-internal tensors are not returned (use fused=False to see every tensor).
+        (vectorised, several times faster than numpy's float16 conversion). With `fused`, each touched block runs
+        as one session (a variant per rounding pattern, built once) and its block-internal tensors are not
+        returned (fused=False runs node by node and returns every tensor).
         Returns only the recomputed tensors; all others equal `reference`.
         """
         changed: dict[str, np.ndarray] = {}
         for block in self.blocks:
-            if fused and len(block.nodes) > 1 and not any(n.name in recompute for n in block.nodes):
-                if any(t in changed for t in block.inputs):
-                    values = [changed[t] if t in changed else reference[t] for t in block.inputs]
-                    changed.update(zip(block.outputs, self._run_block(block, values)))
+            touched = any(n.name in recompute for n in block.nodes) or any(t in changed for t in block.inputs)
+            if not touched:
+                continue
+            if fused and block.fusable:
+                values = [changed[t] if t in changed else reference[t] for t in block.inputs]
+                specs = tuple(self._spec(n, reference, read_input, round_outputs) for n in block.nodes)
+                changed.update(zip(block.outputs, self._run_block(block, values, specs)))
                 continue
             for node in block.nodes:
                 self._run_in_cone(node, reference, recompute, read_input, round_outputs, changed)
         return changed
+
+    def _spec(self, node, reference, read_input, round_outputs) -> tuple:
+        """How one node runs under the plan: (input rounded?, weight version, output rounded?) per slot."""
+        explicit_idx = [i for i, t in enumerate(node.input) if t]
+        ins = []
+        for pos, t in enumerate(_nonempty(node.input)):
+            v, round_it = read_input(node.name, explicit_idx[pos], t, reference[t])
+            weight = None if t not in self.weights else ("exact" if v is self.weights[t] else "converted")
+            ins.append((bool(round_it) and v.dtype == np.float32, weight, v if weight == "converted" else None))
+        outs = tuple(round_outputs(node.name) and reference[o].dtype == np.float32 for o in _nonempty(node.output))
+        return tuple(ins), outs
 
     def _run_in_cone(self, node, reference, recompute, read_input, round_outputs, changed) -> None:
         name = node.name
@@ -207,25 +222,60 @@ class NodeExecutor:
         self.build_seconds += time.perf_counter() - t0
         return sess
 
-    def _run_block(self, block: "_Block", values: list[np.ndarray]) -> list[np.ndarray]:
-        sess = self._sessions.get(("block", block.index))
+    def _run_block(self, block: "_Block", values: list[np.ndarray], specs: tuple) -> list[np.ndarray]:
+        key = ("block", block.index, tuple((tuple(r[:2] for r in ins), outs) for ins, outs in specs))
+        sess = self._sessions.get(key)
         if sess is None:
-            feed = dict(zip(block.inputs, values))
-            sess = self._sessions[("block", block.index)] = self._session(
-                list(block.nodes), f"block {block.index} ({block.nodes[0].name}..{block.nodes[-1].name})",
-                {t: v for t, v in feed.items() if t not in self.weights},
-                {t: self.weights[t] for t in block.inputs if t in self.weights}, list(block.outputs))
+            sess = self._sessions[key] = self._build_block(block, values, specs)
         try:
             return sess.run(None, {t: v for t, v in zip(block.inputs, values) if t not in self.weights})
         except Exception as exc:
             raise BackendFailure(f"ONNX Runtime failed to run block {block.index}: {exc}") from None
 
+    def _build_block(self, block: "_Block", values: list[np.ndarray], specs: tuple) -> ort.InferenceSession:
+        """The block's nodes in one session, with Cast pairs where the plan rounds and FP16-converted weights
+        for FP16 readers; FP32 stretches inside it keep ORT's fusions."""
+        nodes: list[onnx.NodeProto] = []
+        weights: dict[str, np.ndarray] = {}
+        rounded_alias: dict[str, str] = {}
+        for node, (ins, outs) in zip(block.nodes, specs):
+            core = onnx.NodeProto()
+            core.CopyFrom(node)
+            explicit_idx = [i for i, t in enumerate(node.input) if t]
+            for pos, (t, (round_it, weight, converted)) in enumerate(zip(_nonempty(node.input), ins)):
+                slot = explicit_idx[pos]
+                if weight == "exact":
+                    weights[t] = self.weights[t]
+                elif weight == "converted":
+                    core.input[slot] = f"{t}__w16"
+                    weights[f"{t}__w16"] = converted
+                elif round_it:
+                    alias = rounded_alias.get(t)
+                    if alias is None:
+                        alias = rounded_alias[t] = f"{t}__rounded"
+                        nodes.append(helper.make_node("Cast", [t], [f"{t}__half"], to=onnx.TensorProto.FLOAT16))
+                        nodes.append(helper.make_node("Cast", [f"{t}__half"], [alias], to=onnx.TensorProto.FLOAT))
+                    core.input[slot] = alias
+            casts = []
+            for j, o in enumerate(_nonempty(node.output)):
+                if outs[j]:
+                    core.output[list(node.output).index(o)] = f"{o}__raw"
+                    casts.append(helper.make_node("Cast", [f"{o}__raw"], [f"{o}__half"], to=onnx.TensorProto.FLOAT16))
+                    casts.append(helper.make_node("Cast", [f"{o}__half"], [o], to=onnx.TensorProto.FLOAT))
+            nodes.append(core)
+            nodes.extend(casts)
+        feed = {t: v for t, v in zip(block.inputs, values) if t not in self.weights}
+        return self._session(nodes, f"block {block.index} ({block.nodes[0].name}..{block.nodes[-1].name})",
+                             feed, weights, list(block.outputs))
+
 
 class _Block:
     """Consecutive non-Constant nodes; inputs read from outside, outputs read outside (or graph outputs)."""
 
-    def __init__(self, index: int, nodes: list[onnx.NodeProto], inputs: list[str], outputs: list[str]):
+    def __init__(self, index: int, nodes: list[onnx.NodeProto], inputs: list[str], outputs: list[str],
+                 fusable: bool):
         self.index, self.nodes, self.inputs, self.outputs = index, nodes, inputs, outputs
+        self.fusable = fusable
 
 
 def _partition(catalog: Catalog, size: int) -> list[_Block]:
@@ -243,8 +293,20 @@ def _partition(catalog: Catalog, size: int) -> list[_Block]:
         inputs = list(dict.fromkeys(t for n in chunk for t in catalog.node_inputs(n.name) if t not in produced))
         outputs = [o for n in chunk for o in n.output
                    if o and (o in graph_outputs or readers.get(o, set()) - {ci})]
-        blocks.append(_Block(ci, chunk, inputs, outputs))
+        blocks.append(_Block(ci, chunk, inputs, outputs, len(chunk) > 1 and not any(_unfusable(catalog, n) for n in chunk)))
     return blocks
+
+
+def _unfusable(catalog: Catalog, node: onnx.NodeProto) -> bool:
+    """Nodes a multi-node session would run differently from a one-node session:
+    - subgraph nodes read outer-scope values no Cast in the block can reach;
+    - native FP16 tensors: ORT runs an FP16 op that lacks a CPU kernel between casts it inserts and then removes
+      fp16->fp32 / fp32->fp16 pairs across neighbours, silently skipping the op's FP16 storage (measured on the
+      casts fixture, at every optimisation level). Alone in its session the op's output stays FP16."""
+    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+        return True
+    return any(catalog.tensor_types.get(t) in (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+               for t in list(node.input) + list(node.output) if t)
 
 
 def _round_fp16(v: np.ndarray) -> np.ndarray:

@@ -13,7 +13,7 @@ from bisector.catalog import Catalog
 from bisector.errors import BackendFailure
 from bisector.plan import Plan
 
-from .conftest import SEED, TESTVECTORS
+from .conftest import PLANTED, SEED, TESTVECTORS
 
 INDEX = json.loads((TESTVECTORS / "index.json").read_text())
 CASES = [(case, i) for case, plans in INDEX.items() for i in range(len(plans))]
@@ -63,11 +63,31 @@ def test_only_the_forward_cone_is_recomputed():
     calls = []
     real = be.executor.run_node
     be.executor.run_node = lambda node, *a: calls.append(node.name) or real(node, *a)
-    be.run(Plan(frozenset({"MatMul_0", "Add", "Sub"}), cat.candidates), x)  # only MatMul_1 FP16
+    be.run_all(Plan(frozenset({"MatMul_0", "Add", "Sub"}), cat.candidates), x)  # only MatMul_1 FP16
     assert calls == ["MatMul_1"]
     calls.clear()
-    be.run(Plan(frozenset(cat.candidates), cat.candidates), x)
+    be.run_all(Plan(frozenset(cat.candidates), cat.candidates), x)
     assert calls == []
+
+
+def test_fused_blocks_agree_with_node_by_node_and_skip_untouched_blocks():
+    cat = Catalog.load(PLANTED)
+    be = EmulateBackend()
+    be.open(cat)
+    x = {"x": np.random.default_rng(0).uniform(0, 1, (1, 4, 16, 16)).astype(np.float32)}
+    rng = np.random.default_rng(1)
+    for _ in range(6):
+        fp32 = frozenset(n for n in cat.candidates if rng.random() < 0.5)
+        plan = Plan(fp32, cat.candidates)
+        fused, single = be.run(plan, x)["y"], be.run_all(plan, x)["y"]
+        np.testing.assert_array_equal(np.isnan(fused), np.isnan(single))
+        np.testing.assert_allclose(fused, single, rtol=1e-5, atol=1e-5)
+    ran = []
+    real = be.executor._run_block
+    be.executor._run_block = lambda block, *a: ran.append(block.index) or real(block, *a)
+    last = cat.candidates[-1]
+    be.run(Plan(frozenset(cat.candidates) - {last}, cat.candidates), x)
+    assert ran == [be.executor.blocks[-1].index]  # only the block holding the one FP16 node
 
 
 class _SilentFP32(EmulateBackend):

@@ -48,7 +48,9 @@ class EmulateBackend:
         self._references.clear()
 
     def run(self, plan: Plan, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
-        tensors = self._evaluate(plan, feeds, fused=True)
+        # Fused blocks do not return block-internal tensors: asking for one runs node by node.
+        fused = outputs is None or set(outputs) <= set(self.catalog.output_names)
+        tensors = self._evaluate(plan, feeds, fused=fused)
         names = list(outputs) if outputs is not None else self.catalog.output_names
         return {n: tensors[n] for n in names}
 
