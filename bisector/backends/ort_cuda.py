@@ -1,0 +1,324 @@
+"""`ort-cuda`: real FP16 kernels on an NVIDIA GPU through ONNX Runtime's CUDA execution provider (DESIGN §2, §4a).
+
+Each plan becomes its strongly typed mixed-precision ONNX (`mixed.build_mixed_model`: FP16 nodes have real FP16
+tensors, Casts at the boundaries, weights converted by the emulation's rule) and one ORT session on the GPU;
+sessions are cached per plan (LRU), so a plan judged twice is built once.
+
+What this backend measures that `emulate` does not: the GPU kernels' own arithmetic (some FP16 kernels accumulate
+or compute intermediates in FP16) and ORT's fusions. What it cannot promise: a node that ORT places on the CPU
+provider runs there in FP32 (ORT wraps FP16 nodes without a CPU kernel in casts and removes the fp32->fp16->fp32
+chains, DESIGN §4), so its FP16 verdict is not a GPU one. Every session is first created with
+`session.disable_cpu_ep_fallback=1`; when ORT refuses that (some node has no CUDA kernel, or is a shape
+computation ORT prefers on the CPU), the session is created again with fallback allowed, its first run is
+profiled, and the nodes that ran on the CPU provider are recorded: `cpu_fallback_nodes` in `describe()` (FP16
+candidates among them are the verdicts to distrust) and a warning in the log.
+
+Install: `pip uninstall onnxruntime && pip install onnxruntime-gpu` (the two packages share the `onnxruntime`
+module and must not be installed together); ORT's CUDA/cuDNN libraries come from the system or from the
+`nvidia-*` wheels (`onnxruntime.preload_dlls()` loads those of a PyTorch install). Without the CUDA provider or
+without a GPU the backend stops with a UsageError (exit 2).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import tempfile
+import time
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from .. import __version__
+from ..errors import BackendFailure, BuildFailure, UsageError
+from ..mixed import build_mixed_model, fp16_name
+from ..plan import Plan
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..catalog import Catalog
+
+log = logging.getLogger("bisector")
+
+CUDA_EP = "CUDAExecutionProvider"
+CPU_EP = "CPUExecutionProvider"
+_INSTALL_HINT = (
+    "Install the GPU build of ONNX Runtime on a machine with an NVIDIA GPU and driver: "
+    "`pip uninstall onnxruntime && pip install onnxruntime-gpu` (the two packages provide the same module and "
+    "must not be installed together; onnxruntime-gpu 1.31 needs CUDA 13 and cuDNN 9, e.g. the nvidia-* wheels "
+    "that PyTorch installs). Or choose `--backend emulate`, which needs no GPU."
+)
+
+
+class OrtCudaBackend:
+    name = "ort-cuda"
+
+    def __init__(self, device_id: int = 0, strict: bool = True, *, session_cache_size: int = 8,
+                 graph_optimization: str = "all", providers: Sequence[Any] | None = None):
+        """`strict`: first ask ORT for a session with CPU fallback disabled (only then is every node known to run
+        on the GPU); `strict=False` skips that attempt and always profiles the first run to find CPU nodes.
+        `providers` is a test hook: use exactly these providers and skip the CUDA checks (a CPU stand-in lets
+        tests show that the canary catches a backend that silently computes FP32)."""
+        self.device_id = int(device_id)
+        self.strict = bool(strict)
+        self.session_cache_size = max(1, int(session_cache_size))
+        self.graph_optimization = graph_optimization
+        self._forced_providers = list(providers) if providers is not None else None
+        self.ort = _import_ort(check_cuda=providers is None)
+        self.catalog: Catalog | None = None
+        self._sessions: OrderedDict[tuple, Any] = OrderedDict()
+        self._device: dict[str, str] | None = None
+        self.cpu_fallback: dict[str, dict[str, Any]] = {}  # plan key -> {"nodes": [...], "other": [...], ...}
+        self.session_times: list[float] = []
+
+    # ---- protocol ------------------------------------------------------------------------------------------
+    def open(self, catalog: "Catalog") -> None:
+        self.close()
+        self.catalog = catalog
+        if self._forced_providers is None:
+            self._device = _device_info(self.device_id)
+            self._probe_gpu()
+
+    def canary(self) -> None:
+        from ..canary import run_canary
+
+        run_canary(lambda: OrtCudaBackend(self.device_id, self.strict, graph_optimization=self.graph_optimization,
+                                          providers=self._forced_providers))
+
+    def describe(self) -> dict[str, str]:
+        fallback_nodes = sorted({n for v in self.cpu_fallback.values() for n in v["nodes"]})
+        d = {
+            "backend": self.name,
+            "onnxruntime": self.ort.__version__,
+            "providers": ",".join(self._provider_names()),
+            "device_id": str(self.device_id),
+            "graph_optimization": self.graph_optimization,
+            "strict": str(self.strict).lower(),
+            "bisector": __version__,
+        }
+        if self._device:
+            d.update({f"device_{k}": v for k, v in self._device.items()})
+        # Which verdicts are real-GPU ones: nodes that ran on the CPU provider in any session so far.
+        d["cpu_fallback_nodes"] = ",".join(fallback_nodes)
+        d["cpu_fallback_plans"] = str(sum(1 for v in self.cpu_fallback.values() if v["nodes"] or v["other"]))
+        return d
+
+    def close(self) -> None:
+        self._sessions.clear()
+
+    def run(self, plan: Plan, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        names = tuple(outputs) if outputs is not None else tuple(self._cat.output_names)
+        sess = self._session(plan, names)
+        feed = {i.name: np.asarray(feeds[i.name]) for i in sess.get_inputs()}
+        try:
+            if getattr(sess, "_bisector_profile", False):
+                result = sess.run(list(names), feed)
+                self._record_placement(plan, sess)
+            else:
+                result = sess.run(list(names), feed)
+        except Exception as e:  # noqa: BLE001 - a CUDA/ORT runtime error is a backend failure, not a verdict
+            raise BackendFailure(f"ort-cuda: running the mixed model of a plan ({len(plan.fp32)} FP32 nodes) failed: {e}") from e
+        out = {}
+        for n, v in zip(names, result):
+            v = np.asarray(v)
+            out[n] = v.astype(np.float32) if v.dtype == np.float16 else v
+        return out
+
+    # ---- sessions ------------------------------------------------------------------------------------------
+    @property
+    def _cat(self) -> "Catalog":
+        if self.catalog is None:
+            raise BackendFailure("ort-cuda: run() before open()")
+        return self.catalog
+
+    def _provider_names(self) -> list[str]:
+        if self._forced_providers is not None:
+            return [p if isinstance(p, str) else p[0] for p in self._forced_providers]
+        return [CUDA_EP]
+
+    def _providers(self, allow_cpu: bool) -> list[Any]:
+        if self._forced_providers is not None:
+            return list(self._forced_providers)
+        # use_tf32=0: ORT's CUDA provider runs FP32 MatMul/Conv in TF32 by default (10-bit mantissa), so a node
+        # kept "FP32" would not be FP32 and even the all-FP32 plan fails tight tolerances (seen on the H100).
+        cuda = (CUDA_EP, {"device_id": str(self.device_id), "use_tf32": "0"})
+        return [cuda, CPU_EP] if allow_cpu else [cuda]
+
+    def _options(self, strict: bool, profile: bool):
+        so = self.ort.SessionOptions()
+        level = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
+                 "all": "ORT_ENABLE_ALL"}.get(self.graph_optimization)
+        if level is None:
+            raise UsageError(f"ort-cuda: graph_optimization {self.graph_optimization!r}: use disable, basic, extended or all")
+        so.graph_optimization_level = getattr(self.ort.GraphOptimizationLevel, level)
+        so.log_severity_level = 4 if strict else 3  # the refused strict attempt is expected; don't print it
+        if strict:
+            so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+        if profile:
+            so.enable_profiling = True
+            so.profile_file_prefix = os.path.join(tempfile.gettempdir(), f"bisector_ort_cuda_{os.getpid()}")
+        return so
+
+    def _session(self, plan: Plan, outputs: tuple[str, ...]):
+        key = (plan.key(), outputs)
+        sess = self._sessions.get(key)
+        if sess is not None:
+            self._sessions.move_to_end(key)
+            return sess
+        model = self._mixed_model(plan, outputs)
+        data = model.SerializeToString()
+        t0 = time.perf_counter()
+        strict_error = None
+        sess = None
+        if self.strict and self._forced_providers is None:
+            try:
+                sess = self.ort.InferenceSession(data, self._options(strict=True, profile=False),
+                                                 providers=self._providers(allow_cpu=False))
+            except Exception as e:  # noqa: BLE001 - ORT raises Fail/InvalidArgument/... depending on the cause
+                strict_error = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if sess is None:
+            try:
+                sess = self.ort.InferenceSession(data, self._options(strict=False, profile=True),
+                                                 providers=self._providers(allow_cpu=True))
+            except Exception as e:  # noqa: BLE001
+                raise BuildFailure(f"ort-cuda: ONNX Runtime could not create a session for the mixed model of a "
+                                   f"plan ({len(plan.fp32)} FP32 nodes): {e}") from e
+            sess._bisector_profile = True  # type: ignore[attr-defined]
+            sess._bisector_strict_error = strict_error  # type: ignore[attr-defined]
+        else:
+            self.cpu_fallback.setdefault(plan.key(), {"nodes": [], "other": [], "fp16_nodes": []})
+        if self._forced_providers is None and CUDA_EP not in sess.get_providers():
+            raise UsageError(f"--backend ort-cuda: ONNX Runtime did not enable the CUDA provider on device "
+                             f"{self.device_id} (session providers {sess.get_providers()}). {_INSTALL_HINT}")
+        self.session_times.append(time.perf_counter() - t0)
+        self._sessions[key] = sess
+        while len(self._sessions) > self.session_cache_size:
+            self._sessions.popitem(last=False)
+        return sess
+
+    def _mixed_model(self, plan: Plan, outputs: tuple[str, ...]) -> onnx.ModelProto:
+        model = build_mixed_model(self._cat, plan)
+        graph = model.graph
+        have = {o.name for o in graph.output}
+        produced = {t for n in graph.node for t in n.output} | {i.name for i in graph.input}
+        wanted = []
+        for t in outputs:
+            if t in have:
+                wanted.append(t)
+                continue
+            if t not in produced and fp16_name(t) in produced:
+                graph.node.append(helper.make_node("Cast", [fp16_name(t)], [t], to=TensorProto.FLOAT,
+                                                   name=f"{t}__cast_to_fp32_out"))
+            elif t not in produced:
+                raise BackendFailure(f"ort-cuda: tensor {t!r} does not exist in the mixed model")
+            vi = onnx.ValueInfoProto()
+            vi.name = t
+            graph.output.append(vi)
+            wanted.append(t)
+        if set(outputs) != have:
+            # Only the requested outputs, so ORT prunes nothing the caller needs and computes nothing it doesn't.
+            keep = [o for o in graph.output if o.name in set(outputs)]
+            del graph.output[:]
+            graph.output.extend(keep)
+        return model
+
+    def _record_placement(self, plan: Plan, sess) -> None:
+        """Which nodes ran on the CPU provider (from ORT's profile of the session's first run)."""
+        sess._bisector_profile = False
+        try:
+            path = sess.end_profiling()
+        except Exception:  # noqa: BLE001
+            return
+        on_cpu: list[str] = []
+        try:
+            with open(path) as f:
+                events = json.load(f)
+            for e in events:
+                if e.get("cat") != "Node" or not e.get("name", "").endswith("_kernel_time"):
+                    continue
+                if e.get("args", {}).get("provider") == CPU_EP:
+                    on_cpu.append(e["name"][: -len("_kernel_time")])
+        except (OSError, ValueError):
+            return
+        finally:
+            try:
+                os.remove(path)
+            except OSError:
+                pass
+        nodes = self._cat.nodes
+        candidates = set(self._cat.candidates)
+        in_catalog = sorted({n for n in on_cpu if n in nodes})
+        other = sorted({n for n in on_cpu if n not in nodes})
+        fp16_on_cpu = sorted(n for n in in_catalog if n in candidates and n in plan.fp16)
+        self.cpu_fallback[plan.key()] = {"nodes": in_catalog, "other": other, "fp16_nodes": fp16_on_cpu,
+                                       "strict_error": getattr(sess, "_bisector_strict_error", None)}
+        if fp16_on_cpu and self._forced_providers is None:
+            log.warning("ort-cuda: %d FP16 node(s) of this plan ran on ONNX Runtime's CPU provider, in FP32 (their "
+                        "verdicts are not GPU ones): %s", len(fp16_on_cpu), ", ".join(fp16_on_cpu[:20]))
+
+    def _probe_gpu(self) -> None:
+        """A one-node FP16 session: proves the CUDA provider loads and a GPU is there, before any search."""
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT16, [1])
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT16, [1])
+        g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "probe", [x], [y])
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+        so = self.ort.SessionOptions()
+        so.log_severity_level = 4
+        try:
+            sess = self.ort.InferenceSession(m.SerializeToString(), so, providers=self._providers(allow_cpu=True))
+        except Exception as e:  # noqa: BLE001
+            raise UsageError(f"--backend ort-cuda: could not start ONNX Runtime's CUDA provider on device "
+                             f"{self.device_id}: {str(e).strip()[:400]}. {_INSTALL_HINT}") from e
+        if CUDA_EP not in sess.get_providers():
+            raise UsageError(f"--backend ort-cuda: ONNX Runtime fell back to {sess.get_providers()} instead of the "
+                             f"CUDA provider on device {self.device_id} (no usable GPU or CUDA/cuDNN libraries "
+                             f"missing). {_INSTALL_HINT}")
+
+
+def _import_ort(check_cuda: bool):
+    import onnxruntime as ort
+
+    if not check_cuda:
+        return ort
+    available = ort.get_available_providers()
+    if CUDA_EP not in available:
+        raise UsageError(
+            f"--backend ort-cuda needs ONNX Runtime's CUDA execution provider, but the installed onnxruntime "
+            f"{ort.__version__} offers only {', '.join(available)}. {_INSTALL_HINT}"
+        )
+    preload = getattr(ort, "preload_dlls", None)
+    if preload is not None:
+        try:  # CUDA/cuDNN from the nvidia-* wheels (a PyTorch install); harmless where the system provides them
+            preload()
+        except Exception as e:  # noqa: BLE001
+            log.debug("onnxruntime.preload_dlls() failed: %s", e)
+    return ort
+
+
+def _device_info(device_id: int) -> dict[str, str]:
+    """GPU name, compute capability and driver through the CUDA driver API (no framework needed)."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return {}
+    try:
+        if cuda.cuInit(0) != 0:
+            return {}
+        dev = ctypes.c_int()
+        if cuda.cuDeviceGet(ctypes.byref(dev), device_id) != 0:
+            return {}
+        buf = ctypes.create_string_buffer(256)
+        cuda.cuDeviceGetName(buf, 256, dev)
+        major, minor, drv = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+        cuda.cuDeviceGetAttribute(ctypes.byref(major), 75, dev)  # COMPUTE_CAPABILITY_MAJOR
+        cuda.cuDeviceGetAttribute(ctypes.byref(minor), 76, dev)  # COMPUTE_CAPABILITY_MINOR
+        cuda.cuDriverGetVersion(ctypes.byref(drv))
+        return {"name": buf.value.decode(errors="replace"), "compute_capability": f"{major.value}.{minor.value}",
+                "cuda_driver": f"{drv.value // 1000}.{drv.value % 1000 // 10}"}
+    except Exception:  # noqa: BLE001
+        return {}

@@ -1,0 +1,120 @@
+"""`ort-cuda` on a machine without a GPU (CI): a clear exit 2, and a canary that catches a silently-FP32 backend.
+
+The real-GPU behaviour (canary passes, searches, CPU-fallback report) is verified on the device machine by
+scripts/device/validate.py; see docs/verification.md.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from bisector.backends import backend_factory
+from bisector.backends.ort_cuda import CPU_EP, CUDA_EP, OrtCudaBackend
+from bisector.canary import canary_model, run_canary
+from bisector.catalog import Catalog
+from bisector.errors import BackendFailure, UsageError
+from bisector.mixed import build_mixed_model
+from bisector.plan import Plan
+
+from .conftest import SEED, main_cli
+
+HAS_CUDA_EP = CUDA_EP in ort.get_available_providers()
+
+
+@pytest.fixture
+def no_cuda_provider(monkeypatch):
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["AzureExecutionProvider", CPU_EP])
+
+
+def test_cli_without_cuda_provider_exits_2_with_clear_message(no_cuda_provider, tmp_path, capsys, cache_dir):
+    code = main_cli("precision", SEED, "--fp16", "--atol", "1e-1", "--val-range", "x:[1,2]", "--backend", "ort-cuda",
+                    "-o", tmp_path / "out", "--cache-dir", cache_dir)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "ort-cuda" in err and "CUDA execution provider" in err
+    assert "pip install onnxruntime-gpu" in err and "--backend emulate" in err
+    assert "Traceback" not in err
+
+
+def test_factory_raises_usage_error_without_cuda_provider(no_cuda_provider):
+    with pytest.raises(UsageError) as e:
+        backend_factory("ort-cuda", device_id=0, strict=True, threads=4)()
+    assert e.value.exit_code == 2
+
+
+@pytest.mark.skipif(HAS_CUDA_EP, reason="the CUDA provider is really installed here")
+def test_cuda_provider_listed_but_no_gpu_is_usage_error(monkeypatch):
+    """onnxruntime-gpu on a machine without a GPU: ORT quietly falls back to the CPU; we must refuse instead."""
+    monkeypatch.setattr(ort, "get_available_providers", lambda: [CUDA_EP, CPU_EP])
+    monkeypatch.setattr(ort, "preload_dlls", lambda *a, **k: None, raising=False)
+    b = OrtCudaBackend()
+    with pytest.raises(UsageError, match="CUDA provider"):
+        b.open(Catalog.from_model(canary_model()))
+
+
+def test_canary_mixed_model_really_stores_fp16():
+    """The canary's Identity node all-FP16 in the mixed model reads and writes a real FP16 tensor."""
+    cat = Catalog.from_model(canary_model())
+    m = build_mixed_model(cat, Plan.all_fp16(cat.candidates))
+    onnx.checker.check_model(m)
+    store = next(n for n in m.graph.node if n.name == "canary_store")
+    assert list(store.input) == ["x__fp16"] and list(store.output) == ["stored__fp16"]
+    casts = {n.output[0]: n for n in m.graph.node if n.op_type == "Cast"}
+    assert casts["x__fp16"].attribute[0].i == onnx.TensorProto.FLOAT16
+    assert casts["stored"].attribute[0].i == onnx.TensorProto.FLOAT
+    inferred = onnx.shape_inference.infer_shapes(m)
+    types = {v.name: v.type.tensor_type.elem_type for v in inferred.graph.value_info}
+    assert types["stored__fp16"] == onnx.TensorProto.FLOAT16
+
+
+def test_canary_catches_backend_that_silently_runs_fp32():
+    """ORT's CPU provider runs the FP16 graph in FP32 (DESIGN §4): exactly the failure the canary must catch."""
+    with pytest.raises(BackendFailure, match="canary failed.*FP32") as e:
+        run_canary(lambda: OrtCudaBackend(providers=[CPU_EP]))
+    assert e.value.exit_code == 3
+
+
+def test_stand_in_records_cpu_placement():
+    """Node placement comes from ORT's profile of the first run: with a CPU stand-in every node is on the CPU."""
+    cat = Catalog.from_model(canary_model())
+    b = OrtCudaBackend(providers=[CPU_EP])
+    b.open(cat)
+    x = np.array([65505.5, 1.25, 1.5, 1.75], dtype=np.float32)
+    plan = Plan.all_fp16(cat.candidates)
+    out = b.run(plan, {"x": x})
+    assert out["stored"][0] == 65504.0 and out["stored"].dtype == np.float32
+    out2 = b.run(plan, {"x": x})  # cached session, not profiled again
+    np.testing.assert_array_equal(out["sub_out"], out2["sub_out"])
+    assert len(b._sessions) == 1
+    d = b.describe()
+    assert d["backend"] == "ort-cuda" and d["onnxruntime"] == ort.__version__
+    fallback = set(d["cpu_fallback_nodes"].split(","))
+    assert {"canary_add", "canary_sub"} <= fallback
+    assert set(b.cpu_fallback[plan.key()]["fp16_nodes"]) >= {"canary_add", "canary_sub"}
+    # a named intermediate tensor can be read out, even one that exists only as FP16 in the mixed model
+    add = b.run(plan, {"x": x}, outputs=["add_out"])
+    assert add["add_out"].dtype == np.float32
+    b.close()
+
+
+def test_session_cache_is_bounded():
+    cat = Catalog.from_model(canary_model())
+    b = OrtCudaBackend(providers=[CPU_EP], session_cache_size=2)
+    b.open(cat)
+    x = {"x": np.ones(4, np.float32)}
+    for fp32 in ([], ["canary_add"], ["canary_sub"], ["canary_add", "canary_sub"]):
+        b.run(Plan(frozenset(fp32), cat.candidates), x)
+    assert len(b._sessions) == 2
+
+
+def test_cuda_provider_options_disable_tf32():
+    """ORT's CUDA provider computes FP32 MatMul/Conv in TF32 by default; an FP32-kept node must be real FP32
+    (with TF32 on, even the all-FP32 plan of a 512-wide MLP failed atol 3e-4 on an H100: docs/verification.md)."""
+    b = OrtCudaBackend(providers=[CPU_EP])
+    b._forced_providers = None  # look at what a real GPU session would be given
+    cuda = b._providers(allow_cpu=False)
+    assert cuda == [(CUDA_EP, {"device_id": "0", "use_tf32": "0"})]
+    assert b._providers(allow_cpu=True)[-1] == CPU_EP
