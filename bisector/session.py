@@ -72,7 +72,9 @@ class Job:
 
         description = {
             "model_sha256": self.catalog.sha256, "inputs": self.inputs_info["digest"],
-            "golden": golden_digest(self.golden), "backend": self.backend.describe(),
+            "golden": golden_digest(self.golden),
+            # what decides verdicts, not what a search observes along the way (ort-cuda's CPU-fallback record)
+            "backend": {k: v for k, v in self.backend.describe().items() if not k.startswith("cpu_fallback")},
             "tolerances": self.tolerance.describe(), "bisector": __version__,
         }
         return SqliteJournal(self.cache_dir / "journal.sqlite", description, resume=resume)
