@@ -1,6 +1,6 @@
 """Search wall time on the emulate backend against one FP32 inference, side by side in one run.
 
-    python bench/emulate_speed.py [--blocks 16] [--size 160] [--strategy auto]
+    python bench/emulate_speed.py [--blocks 16] [--size 128] [--channels 64] [--strategy auto]
 
 Builds a conv network whose FP32 ONNX Runtime inference takes >= 50 ms here, plants FP16-intolerant nodes,
 runs a whole search, and prints:
@@ -98,8 +98,10 @@ def cast_pair_baseline_seconds(catalog, plan, feeds) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--blocks", type=int, default=16)
-    ap.add_argument("--size", type=int, default=160)
+    ap.add_argument("--size", type=int, default=128)
+    ap.add_argument("--channels", type=int, default=64)
     ap.add_argument("--strategy", default="auto")
+    ap.add_argument("--block-size", type=int, default=None, help="executor block size (default: the backend's)")
     args = ap.parse_args()
 
     from bisector.backends.emulate import EmulateBackend
@@ -111,14 +113,18 @@ def main() -> None:
     from bisector.search import run_search
     from bisector.values import PerOutput
 
-    model, planted = build_model(args.blocks, args.size)
+    model, planted = build_model(args.blocks, args.size, args.channels)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "speed.onnx"
         onnx.save(model, path)
         catalog = Catalog.load(path)
     feeds = {"x": np.random.default_rng(1).uniform(0, 1, (1, 3, args.size, args.size)).astype(np.float32)}
     golden = run_reference_model(catalog, [feeds])
-    fp32_session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    # Thread-pool spinning off, as in the emulate backend's sessions: a spinning pool left behind by one inference
+    # steals the cores from whatever runs next on this 2-core machine (measured: +25 % on the next evaluation).
+    fp32_opts = ort.SessionOptions()
+    fp32_opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    fp32_session = ort.InferenceSession(model.SerializeToString(), fp32_opts, providers=["CPUExecutionProvider"])
     fp32_session.run(None, feeds)
     fp32_times: list[float] = []
 
@@ -128,7 +134,7 @@ def main() -> None:
         fp32_session.run(None, feeds)
         fp32_times.append(time.perf_counter() - t)
 
-    backend = EmulateBackend()
+    backend = EmulateBackend(**({"block_size": args.block_size} if args.block_size else {}))
     t0 = time.perf_counter()
     backend.open(catalog)
     oracle = Oracle(backend, catalog.candidates, [feeds], golden, Tolerance(PerOutput(1e-2), PerOutput(1e-2)),
@@ -146,7 +152,8 @@ def main() -> None:
     base_mean = {k: statistics.mean(b[k] for b in base) for k in base[0]}
 
     exact = sorted(result.fp32) == sorted(planted)
-    print(f"model: {args.blocks} conv blocks, input 1x3x{args.size}x{args.size}, {len(catalog.candidates)} candidates, "
+    print(f"model: {args.blocks} conv blocks of {args.channels} channels, input 1x3x{args.size}x{args.size}, "
+          f"{len(catalog.candidates)} candidates, "
           f"{len(planted)} planted")
     print(f"one FP32 inference (ORT, full model; median of {len(fp32_times)}, interleaved with the search): {t_fp32 * 1e3:.1f} ms")
     print(f"search ({args.strategy}): {evals} evaluations, exact={exact}, wall {wall:.2f} s")

@@ -76,10 +76,26 @@ class NodeExecutor:
         self.build_seconds = 0.0  # time spent building sessions (a one-time cost per node variant and block)
 
     # ---- whole-model runs ------------------------------------------------------------------------------------
-    def run_reference(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Every tensor of the model computed in FP32 (weights and graph inputs included)."""
+    def run_reference(self, feeds: Mapping[str, np.ndarray], boundary_only: bool = False) -> dict[str, np.ndarray]:
+        """Every tensor of the model computed in FP32 (weights and graph inputs included).
+
+        `boundary_only`: just the tensors that cross block boundaries (and graph outputs), computed with the
+        fused all-FP32 block sessions — all that fused plan evaluation reads, at about one inference's cost."""
         env: dict[str, np.ndarray] = dict(self.weights)
         env.update({k: np.asarray(v) for k, v in feeds.items()})
+        if boundary_only:
+            for block in self.blocks:
+                values = [env[t] for t in block.inputs]
+                if block.fusable:
+                    specs = tuple(((tuple((False, "exact" if t in self.weights else None, None)
+                                          for t in _nonempty(n.input))), (False,) * len(_nonempty(n.output)))
+                                  for n in block.nodes)
+                    env.update(zip(block.outputs, self._run_block(block, values, specs)))
+                else:
+                    for node in block.nodes:
+                        outs = self.run_node(node, [env[t] for t in self.catalog.node_inputs(node.name)])
+                        env.update(zip(_nonempty(node.output), outs))
+            return env
         for node in self.catalog.model.graph.node:
             if node.op_type == "Constant":
                 continue
@@ -121,15 +137,25 @@ class NodeExecutor:
         return changed
 
     def _spec(self, node, reference, read_input, round_outputs) -> tuple:
-        """How one node runs under the plan: (input rounded?, weight version, output rounded?) per slot."""
+        """How one node runs under the plan: (input rounded?, weight version, output rounded?) per slot.
+        Block-internal tensors may be missing from a boundary-only reference: their dtype is all that matters."""
         explicit_idx = [i for i, t in enumerate(node.input) if t]
         ins = []
         for pos, t in enumerate(_nonempty(node.input)):
-            v, round_it = read_input(node.name, explicit_idx[pos], t, reference[t])
+            value = reference[t] if t in reference else self._placeholder(t)
+            v, round_it = read_input(node.name, explicit_idx[pos], t, value)
             weight = None if t not in self.weights else ("exact" if v is self.weights[t] else "converted")
             ins.append((bool(round_it) and v.dtype == np.float32, weight, v if weight == "converted" else None))
-        outs = tuple(round_outputs(node.name) and reference[o].dtype == np.float32 for o in _nonempty(node.output))
+        outs = tuple(round_outputs(node.name) and self._is_float32(o, reference) for o in _nonempty(node.output))
         return tuple(ins), outs
+
+    def _is_float32(self, tensor: str, reference: Mapping[str, np.ndarray]) -> bool:
+        if tensor in reference:
+            return reference[tensor].dtype == np.float32
+        return self.catalog.tensor_types.get(tensor, onnx.TensorProto.FLOAT) == onnx.TensorProto.FLOAT
+
+    def _placeholder(self, tensor: str) -> np.ndarray:
+        return np.empty(0, np.float32 if self._is_float32(tensor, {}) else np.int64)
 
     def _run_in_cone(self, node, reference, recompute, read_input, round_outputs, changed) -> None:
         name = node.name

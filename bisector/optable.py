@@ -53,6 +53,15 @@ PARAMETER_INPUTS: dict[str, frozenset[int]] = {
     **{op: frozenset({1}) for op in _REDUCE_OPS},
 }
 
+# Ops whose float outputs are copies, selections or sign changes of their float data inputs (or integers), so an
+# FP16 node of this kind, whose inputs are FP16 already, produces values FP16 holds exactly: storing them in FP16
+# changes nothing and the emulation skips that rounding (an exact no-op, a measurable saving).
+PRESERVES_FP16 = frozenset(
+    "Relu Identity Reshape Transpose Flatten Squeeze Unsqueeze Slice Gather GatherElements GatherND Concat Split "
+    "Tile Expand MaxPool GlobalMaxPool ReduceMax ReduceMin Max Min Neg Abs Sign Floor Ceil Round Where "
+    "DepthToSpace SpaceToDepth TopK Dropout".split()
+)
+
 # Nodes that are never candidates: they compute nothing an FP16 layer would store (DESIGN §2).
 NEVER_CANDIDATES = frozenset({"Constant", "Shape", "Size", "Cast", "CastLike"})
 

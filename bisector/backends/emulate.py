@@ -19,25 +19,29 @@ from .. import __version__
 from ..catalog import Catalog
 from ..executor import NodeExecutor, feeds_digest
 from ..fp16 import round_activation, round_weight
+from ..optable import PRESERVES_FP16
 from ..plan import Plan
 
 
 class EmulateBackend:
     name = "emulate"
 
-    def __init__(self, threads: int = 0, reference_cache_size: int = 8):
+    def __init__(self, threads: int = 0, reference_cache_size: int = 8, block_size: int = 8):
+        self.block_size = block_size
         self.threads = threads
         self.reference_cache_size = reference_cache_size
         self.catalog: Catalog | None = None
         self.executor: NodeExecutor | None = None
         self._references: dict[str, dict[str, np.ndarray]] = {}
+        self._boundaries: dict[str, dict[str, np.ndarray]] = {}
         self._rounded_weights: dict[str, np.ndarray] = {}
 
     # ---- protocol ------------------------------------------------------------------------------------------
     def open(self, catalog: Catalog) -> None:
         self.catalog = catalog
-        self.executor = NodeExecutor(catalog, threads=self.threads)
+        self.executor = NodeExecutor(catalog, threads=self.threads, block_size=self.block_size)
         self._references.clear()
+        self._boundaries.clear()
         self._rounded_weights.clear()
 
     def describe(self) -> dict[str, str]:
@@ -69,14 +73,24 @@ class EmulateBackend:
         """Every tensor under `plan` (a view: unchanged tensors are the reference's arrays)."""
         return self._evaluate(plan, feeds, fused=False)
 
+    def _boundary_reference(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """What fused evaluation reads: the FP32 tensors crossing block boundaries (the full reference if known)."""
+        key = feeds_digest(feeds)
+        ref = self._references.get(key) or self._boundaries.get(key)
+        if ref is None:
+            if len(self._boundaries) >= self.reference_cache_size:
+                self._boundaries.pop(next(iter(self._boundaries)))
+            ref = self._boundaries[key] = self.executor.run_reference(feeds, boundary_only=True)
+        return ref
+
     def _evaluate(self, plan: Plan, feeds: Mapping[str, np.ndarray], fused: bool) -> dict[str, np.ndarray]:
-        ref = self.reference(feeds)
+        ref = self._boundary_reference(feeds) if fused else self.reference(feeds)
         fp16 = plan.fp16
         if not fp16:
             return ref
         changed = self.executor.run_changed(
             ref, fp16, read_input=lambda n, i, t, v: self._read(fp16, n, i, t, v),
-            round_outputs=fp16.__contains__, fused=fused,
+            round_outputs=lambda n: n in fp16 and self.catalog.nodes[n].op_type not in PRESERVES_FP16, fused=fused,
         )
         return _Overlay(changed, ref)
 
