@@ -132,8 +132,10 @@ class NodeExecutor:
                 specs = tuple(self._spec(n, reference, read_input, round_outputs) for n in block.nodes)
                 changed.update(zip(block.outputs, self._run_block(block, values, specs)))
                 continue
+            # Node by node. With a boundary-only reference (fused mode) block-internal values are not stored, so
+            # every node of a touched block runs, producing them; otherwise only the cone is recomputed.
             for node in block.nodes:
-                self._run_in_cone(node, reference, recompute, read_input, round_outputs, changed)
+                self._run_in_cone(node, reference, recompute, read_input, round_outputs, changed, force=fused)
         return changed
 
     def _spec(self, node, reference, read_input, round_outputs) -> tuple:
@@ -157,10 +159,10 @@ class NodeExecutor:
     def _placeholder(self, tensor: str) -> np.ndarray:
         return np.empty(0, np.float32 if self._is_float32(tensor, {}) else np.int64)
 
-    def _run_in_cone(self, node, reference, recompute, read_input, round_outputs, changed) -> None:
+    def _run_in_cone(self, node, reference, recompute, read_input, round_outputs, changed, force=False) -> None:
         name = node.name
         inputs = self.catalog.node_inputs(name)
-        if name not in recompute and not any(t in changed for t in inputs):
+        if not force and name not in recompute and not any(t in changed for t in inputs):
             return
         explicit_idx = [i for i, t in enumerate(node.input) if t]
         values, rounded = [], []
@@ -173,7 +175,7 @@ class NodeExecutor:
             values.append(v)
             rounded.append(bool(round_it))
         out_names = _nonempty(node.output)
-        round_out = tuple(round_outputs(name) and reference[o].dtype == np.float32 for o in out_names)
+        round_out = tuple(round_outputs(name) and self._is_float32(o, reference) for o in out_names)
         outs = self.run_node(node, values, tuple(rounded), round_out)
         changed.update(zip(out_names, outs))
 
@@ -247,6 +249,17 @@ class NodeExecutor:
         self.sessions_built += 1
         self.build_seconds += time.perf_counter() - t0
         return sess
+
+    def run_graph(self, key: tuple, nodes: list[onnx.NodeProto], inputs: Mapping[str, np.ndarray],
+                  weights: Mapping[str, np.ndarray], outputs: list[str]) -> list[np.ndarray]:
+        """Any set of (renamed) node copies as one session, built once per `key` (used by `profile`)."""
+        sess = self._sessions.get(key)
+        if sess is None:
+            sess = self._sessions[key] = self._session(nodes, f"{key[0]} graph", inputs, weights, outputs)
+        try:
+            return sess.run(outputs, dict(inputs))
+        except Exception as exc:
+            raise BackendFailure(f"ONNX Runtime failed to run the {key[0]} graph: {exc}") from None
 
     def _run_block(self, block: "_Block", values: list[np.ndarray], specs: tuple) -> list[np.ndarray]:
         key = ("block", block.index, tuple((tuple(r[:2] for r in ins), outs) for ins, outs in specs))

@@ -47,10 +47,13 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper
 
 from .catalog import Catalog
 from .compare import EPSILON, Tolerance, compare_output
 from .errors import UsageError
+from .fp16 import round_weight
 
 SCHEMA_VERSION = 1
 SATURATED = 1e9  # scores at or above this: an inf/NaN appeared where FP32 is finite
@@ -178,15 +181,11 @@ def compute_scores(
         node = catalog.nodes[name]
         records[name] = {"name": name, "op": node.op_type, "index": index, "score": 0.0, "local": 0.0,
                          "downstream": 0.0, "via": None, "overflow": 0, "underflow": 0, "nan": 0, "tensors": {}}
-    none: frozenset[str] = frozenset()
     for feeds in feeds_list:
         ref = backend.reference(feeds)
         read_counts: dict[str, dict[str, int]] = {}
         for name in catalog.candidates:
-            rec = records[name]
             node = catalog.nodes[name]
-            alone = frozenset((name,))
-            # what the node reads: counts for its rounded float data inputs (weights and activations alike)
             explicit = [i for i, t in enumerate(node.input) if t]
             for pos, t in enumerate(catalog.node_inputs(name)):
                 v = ref[t]
@@ -196,25 +195,24 @@ def compute_scores(
                 counts = read_counts.get(t)  # the same rounding for every reader (weights: the same clamp)
                 if counts is None:
                     counts = read_counts[t] = rounding_counts(v, is_weight=t in catalog.weights)
-                _add_counts(rec, t, "input", counts)
-            outs = backend.run_node(alone, name, ref)
-            changed = {}
+                _add_counts(records[name], t, "input", counts)
+        local = _local_outputs(catalog, backend, ref)
+        changed_by: dict[str, dict[str, np.ndarray]] = {}
+        for name, outs in local.items():
+            rec = records[name]
             for o, v in outs.items():
                 score, counts = judge(v, ref[o], tolerance, o)
                 _add_counts(rec, o, "output", counts)
                 rec["local"] = max(rec["local"], score)
                 if score != 0:
-                    changed[o] = v
-            if not downstream:
-                continue
-            if not changed:
-                continue
-            view = _Overlay(changed, ref)
-            for consumer in dict.fromkeys(c for o in changed for c in consumers.get(o, ())):
-                theirs = backend.run_node(none, consumer, view)
-                s = max((judge(v, ref[o], tolerance, o, counts=False)[0] for o, v in theirs.items()), default=0.0)
-                if s > rec["downstream"]:
-                    rec["downstream"], rec["via"] = s, consumer
+                    changed_by.setdefault(name, {})[o] = v
+        if not downstream or not changed_by:
+            continue
+        for (name, consumer), theirs in _downstream_outputs(catalog, backend, ref, changed_by, consumers).items():
+            rec = records[name]
+            s = max((judge(v, ref[o], tolerance, o, counts=False)[0] for o, v in theirs.items()), default=0.0)
+            if s > rec["downstream"]:
+                rec["downstream"], rec["via"] = s, consumer
     out = []
     for rec in records.values():
         rec["score"] = max(rec["local"], rec["downstream"])
@@ -226,6 +224,105 @@ def compute_scores(
     for rank, rec in enumerate(out, 1):
         rec["rank"] = rank
     return out
+
+
+def _local_outputs(catalog: Catalog, backend: Any, ref: Mapping[str, np.ndarray]) -> dict[str, dict[str, np.ndarray]]:
+    """Every candidate alone in FP16 on golden inputs, all in ONE session run: a copy of each candidate reading
+    rounded copies of its float data inputs (converted weights), its outputs stored rounded. One session build
+    and one run instead of one per node (per-node session builds dominated the profile's cost)."""
+    single = [n for n in catalog.candidates if _has_subgraph(catalog.nodes[n])]
+    batched = [n for n in catalog.candidates if n not in single]
+    result = {n: backend.run_node(frozenset((n,)), n, ref) for n in single}
+    if not batched:
+        return result
+    nodes, weights, inputs, outputs = [], {}, {}, []
+    rounded: dict[str, str] = {}
+    for name in batched:
+        node = catalog.nodes[name]
+        copy = onnx.NodeProto()
+        copy.CopyFrom(node)
+        for i, t in enumerate(node.input):
+            if not t:
+                continue
+            v = ref[t]
+            data = v.dtype == np.float32 and not catalog.is_parameter(name, i)
+            if t in catalog.weights:
+                if data:
+                    copy.input[i] = f"{t}__w16"
+                    weights[f"{t}__w16"] = round_weight(v)
+                else:
+                    weights[t] = v
+            else:
+                inputs[t] = v
+                if data:
+                    alias = rounded.get(t)
+                    if alias is None:
+                        alias = rounded[t] = f"{t}__r16"
+                        nodes.append(helper.make_node("Cast", [t], [f"{t}__h16"], to=TensorProto.FLOAT16))
+                        nodes.append(helper.make_node("Cast", [f"{t}__h16"], [alias], to=TensorProto.FLOAT))
+                    copy.input[i] = alias
+        casts = []
+        for j, o in enumerate(node.output):
+            if not o:
+                continue
+            final = f"{o}@{name}"
+            if ref[o].dtype == np.float32:
+                copy.output[j] = f"{final}__raw"
+                casts.append(helper.make_node("Cast", [f"{final}__raw"], [f"{final}__h16"], to=TensorProto.FLOAT16))
+                casts.append(helper.make_node("Cast", [f"{final}__h16"], [final], to=TensorProto.FLOAT))
+            else:
+                copy.output[j] = final
+            outputs.append((name, o, final))
+        copy.name = f"{name}@local"
+        nodes.append(copy)
+        nodes.extend(casts)
+    values = backend.executor.run_graph(("profile-local",), nodes, inputs, weights, [f for _, _, f in outputs])
+    for (name, o, _), v in zip(outputs, values):
+        result.setdefault(name, {})[o] = v
+    return result
+
+
+def _downstream_outputs(catalog: Catalog, backend: Any, ref: Mapping[str, np.ndarray],
+                        changed_by: Mapping[str, Mapping[str, np.ndarray]],
+                        consumers: Mapping[str, list[str]]) -> dict[tuple[str, str], dict[str, np.ndarray]]:
+    """For each candidate X whose FP16 outputs differ, each consumer running FP32 on them — one session run."""
+    nodes, weights, inputs, outputs = [], {}, {}, []
+    result: dict[tuple[str, str], dict[str, np.ndarray]] = {}
+    for name, outs in changed_by.items():
+        for consumer in dict.fromkeys(c for o in outs for c in consumers.get(o, ())):
+            node = catalog.nodes[consumer]
+            if _has_subgraph(node):  # outer-scope reads: run it on its own
+                view = _Overlay(dict(outs), ref)
+                result[(name, consumer)] = backend.run_node(frozenset(), consumer, view)
+                continue
+            copy = onnx.NodeProto()
+            copy.CopyFrom(node)
+            for i, t in enumerate(node.input):
+                if not t:
+                    continue
+                if t in outs:
+                    copy.input[i] = f"{t}@{name}"
+                    inputs[copy.input[i]] = outs[t]
+                elif t in catalog.weights:
+                    weights[t] = ref[t]
+                else:
+                    inputs[t] = ref[t]
+            for j, o in enumerate(node.output):
+                if o:
+                    copy.output[j] = f"{o}@{name}>{consumer}"
+                    outputs.append((name, consumer, o, copy.output[j]))
+            copy.name = f"{consumer}@{name}"
+            nodes.append(copy)
+    if nodes:
+        key = ("profile-downstream", tuple(sorted(changed_by)))
+        values = backend.executor.run_graph(key, nodes, inputs, weights, [f for *_, f in outputs])
+        for (name, consumer, o, _), v in zip(outputs, values):
+            result.setdefault((name, consumer), {})[o] = v
+    return result
+
+
+def _has_subgraph(node: onnx.NodeProto) -> bool:
+    return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
 
 
 def _add_counts(rec: dict, tensor: str, role: str, counts: dict[str, int]) -> None:
