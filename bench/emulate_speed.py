@@ -1,6 +1,6 @@
 """Search wall time on the emulate backend against one FP32 inference, side by side in one run.
 
-    python bench/emulate_speed.py [--blocks 16] [--size 128] [--channels 64] [--strategy auto]
+    python bench/emulate_speed.py [--blocks 16] [--size 144] [--channels 64] [--strategy auto]
 
 Builds a conv network whose FP32 ONNX Runtime inference takes >= 50 ms here, plants FP16-intolerant nodes,
 runs a whole search, and prints:
@@ -98,7 +98,7 @@ def cast_pair_baseline_seconds(catalog, plan, feeds) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--blocks", type=int, default=16)
-    ap.add_argument("--size", type=int, default=128)
+    ap.add_argument("--size", type=int, default=144)
     ap.add_argument("--channels", type=int, default=64)
     ap.add_argument("--strategy", default="auto")
     ap.add_argument("--block-size", type=int, default=None, help="executor block size (default: the backend's)")
