@@ -1,6 +1,6 @@
 """Per-node FP16 sensitivity scores, cheap: no search, a fixed number of passes over the model.
 
-For every candidate node `X` (the emulate backend's rules, DESIGN §4, through `EmulateBackend.run_node`):
+For every candidate node `X` (the emulate backend's rules, DESIGN §4):
 
 - **local**: `X` alone runs FP16, fed with the golden FP32 tensors. It reads its float data inputs rounded
   (activations round to nearest, inf beyond ±65504; weights clamp), runs once, and stores its outputs rounded.
@@ -22,21 +22,10 @@ finite saturates the score at ``SATURATED`` × (1 + affected fraction); finite s
 several input sets the largest score wins and counts add up. Overflow (finite → inf), underflow (nonzero → 0)
 and NaN counts are reported per tensor, for the rounded inputs and the outputs of the local run.
 
-Cost, measured with `bench/profile_cost.py` (2 shared CPU cores under heavy load, ORT single-threaded, CPU
-seconds, best of several runs). Work: one local run per candidate plus one FP32 run per consumer edge (about
-2.2 node runs per candidate on planted.onnx), each with FP16 rounding of its inputs/outputs and a comparison.
-
-    model (candidates)          whole-model FP32  node-by-node FP32  emulated all-FP16  profile (warm)
-    planted.onnx 16x16 (102)    0.2 ms            3.2 ms             7.2 ms             31 ms
-    planted 64x64 (102)         13.5 ms           22 ms              205 ms             1.07 s
-
-i.e. the profile costs 4.4-5.3 emulated evaluations (what a search pays per plan), 10-50 node-by-node FP32
-passes, and far more than one whole-model ORT inference (40-150x): on the tiny model per-node Python overhead
-dominates; on the larger one numpy's float32->float16 `astype` (about half the time; an ORT Cast pair does
-the same rounding bit for bit 18x faster, measured on 16M elements) and the comparisons (the other half), not
-ORT compute. Session builds (one per node, shared with later searches on the same backend) are the fixed
-overhead. So the target of about five FP32 inferences holds only in units of the emulate backend's own
-evaluation; faster rounding in fp16.py would bring it down for the profile and every search alike.
+Cost: the local runs of all candidates are one ORT session run (copies of the nodes reading Cast-pair-rounded
+inputs), the downstream consumers another; then one comparison per tensor. Measured in docs/benchmarks.md
+("Profile cost"): 9-13 emulated evaluations warm — more than the ~5 FP32 inferences once aimed for, because the
+comparisons of large tensors are several passes over memory each.
 """
 
 from __future__ import annotations
