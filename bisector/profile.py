@@ -120,7 +120,10 @@ def rounding_counts(value: np.ndarray, is_weight: bool = False) -> dict[str, int
     with np.errstate(all="ignore"):
         mag = np.abs(value)
         finite = np.isfinite(mag)
-        overflow = int(np.count_nonzero(finite & (mag >= np.float32(65520.0 if not is_weight else 65504.0))))
+        if is_weight:  # clamped beyond ±65504 (65504 itself is exact)
+            overflow = int(np.count_nonzero(finite & (mag > np.float32(65504.0))))
+        else:  # round-to-nearest reaches inf from 65520 up
+            overflow = int(np.count_nonzero(finite & (mag >= np.float32(65520.0))))
         underflow = 0 if is_weight else int(np.count_nonzero((mag > 0) & (mag <= np.float32(2.0**-25))))
     return {"overflow": overflow, "underflow": underflow, "nan": 0, "size": int(value.size)}
 
