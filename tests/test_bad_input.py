@@ -201,3 +201,16 @@ def test_structured_flag_values_parse_or_raise_usage_errors(tokens):
 def test_input_shapes_round_trip(shapes):
     tokens = [f"{k}:{list(v)}".replace(" ", "") for k, v in shapes.items()]
     assert parse_input_shapes(tokens) == {k: tuple(v) for k, v in shapes.items()}
+
+
+@pytest.mark.parametrize("backend,fragment", [("tensorrt", "pip install 'bisector[tensorrt]'"),
+                                              ("tensorrt-rtx", "tensorrt-rtx")])
+def test_missing_tensorrt_is_exit_2_naming_the_package(tmp_path, backend, fragment):
+    from bisector.backends.trt_import import tensorrt_rtx_version, tensorrt_version
+
+    if (tensorrt_version() if backend == "tensorrt" else tensorrt_rtx_version()):
+        pytest.skip(f"a real {backend} is installed here")
+    out = tmp_path / "out"
+    r = run_cli("precision", SEED, *BASE, "--backend", backend, "-o", out, "--cache-dir", tmp_path)
+    _assert_usage_error(r, fragment)
+    assert not (out / "constraints.json").exists()

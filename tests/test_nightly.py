@@ -159,3 +159,23 @@ def test_bad_batch_config_is_exit_2(tmp_path, content, fragment, capsys):
     config.write_text(content)
     assert main_cli("batch", config) == 2
     assert fragment in capsys.readouterr().err
+
+
+def test_several_input_sets_must_all_pass_and_the_worst_is_reported(tmp_path, cache_dir):
+    """Set 1 of two is far worse: with both, the search must satisfy it and report it as the worst."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    easy = {"x": rng.uniform(1, 2, (1, 1, 256, 256)).astype(np.float32)}
+    hard = {"x": rng.uniform(1, 2, (1, 1, 256, 256)).astype(np.float32)}
+    from bisector.polyjson import inputs_to_json
+
+    path = tmp_path / "sets.json"
+    path.write_text(inputs_to_json([easy, hard]))
+    out = tmp_path / "o"
+    assert main_cli("precision", SEED, "--fp16", "--atol", "1e-1", "--load-inputs", path, "-o", out,
+                    "--cache-dir", cache_dir) == 0
+    c = json.loads((out / "constraints.json").read_text())
+    assert c["inputs"]["sets"] == 2 and c["fp32_nodes"] == ["Add", "Sub"]
+    assert c["worst_input_set"] in (0, 1)
+    assert "worst of 2 input set(s)" in (out / "report.md").read_text()

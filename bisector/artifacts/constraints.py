@@ -43,7 +43,10 @@ class Constraints(BaseModel):
     candidates: int
     pinned: dict[str, str] = Field(default_factory=dict)
     timings: dict[str, float] = Field(default_factory=dict)
-    outputs: dict[str, Any] = Field(default_factory=dict, description="per-output comparison of the final plan")
+    outputs: dict[str, Any] = Field(default_factory=dict, description="per-output comparison of the final plan, "
+                                    "on its worst input set")
+    worst_input_set: int = Field(0, description="index of the input set on which the final plan is furthest from "
+                                 "tolerance (a plan passes only if it passes on every set)")
 
     def write(self, path: Path) -> None:
         write_text_atomic(path, self.model_dump_json(indent=2) + "\n")

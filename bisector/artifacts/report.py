@@ -27,7 +27,7 @@ def render_report(catalog: Catalog, c: Constraints, strings: dict, extra: str = 
         lines += ["| node | op |", "|---|---|"] + [f"| `{n}` | {ops.get(n, '?')} |" for n in c.fp32_nodes]
     else:
         lines.append("None: the whole model meets the tolerance in FP16.")
-    lines += ["", "## Final comparison (worst input set)", "",
+    lines += ["", f"## Final comparison (worst of {c.inputs.get('sets', 1)} input set(s): set {c.worst_input_set})", "",
               "| output | passed | stat | required abs | required rel | max abs | median abs |", "|---|---|---|---|---|---|---|"]
     for name, r in c.outputs.items():
         req = r.get("required_tolerance", {})

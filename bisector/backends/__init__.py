@@ -17,12 +17,17 @@ def backend_factory(name: str, **options: Any) -> Callable[[], Backend]:
 
         return lambda: EmulateBackend(**{k: v for k, v in options.items() if k in ("threads",)})
     if name == "ort-cuda":
-        from .ort_cuda import OrtCudaBackend
+        from .ort_cuda import OrtCudaBackend, _import_ort
+
+        _import_ort(check_cuda=True)  # a missing provider is reported before golden outputs are computed
 
         return lambda: OrtCudaBackend(**{k: v for k, v in options.items() if k in ("device_id", "strict")})
     if name in ("tensorrt", "tensorrt-rtx"):
         from .tensorrt import TensorRTBackend, TensorRTRTXBackend
 
+        from .trt_import import import_tensorrt, import_tensorrt_rtx
+
+        (import_tensorrt_rtx if name == "tensorrt-rtx" else import_tensorrt)()  # fail early, exit 2, if absent
         cls = TensorRTRTXBackend if name == "tensorrt-rtx" else TensorRTBackend
         trt_keys = ("precision_constraints", "strongly_typed", "load_timing_cache", "save_timing_cache",
                     "builder_optimization_level", "tactic_sources", "save_engines", "input_shapes")

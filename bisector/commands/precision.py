@@ -151,6 +151,7 @@ def precision(
         timings={"setup": t_setup, "profile": t_profile, "search": result.seconds, "backend_run": run_s,
                  "compare": cmp_s},
         outputs={k: v.to_json() for k, v in result.verdict.outputs.items()},
+        worst_input_set=result.verdict.worst_set,
     )
     paths = write_artifacts(output_dir, cat, constraints, extra_report)
     if json_out is not None:
