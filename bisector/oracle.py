@@ -118,7 +118,7 @@ class Oracle:
 
     def _judge(self, plan: Plan) -> Verdict:
         worst: dict[str, OutputComparison] | None = None
-        worst_i, worst_score, passed = 0, -1.0, True
+        worst_i, worst_score, passed = 0, (False, -1.0), True
         t_run = t_cmp = 0.0
         for i, (feeds, golden) in enumerate(zip(self.feeds_list, self.golden)):
             t0 = time.perf_counter()
@@ -128,7 +128,7 @@ class Oracle:
             t_cmp += time.perf_counter() - t1
             t_run += t1 - t0
             ok = all(r.passed for r in result.values())
-            score = max((r.excess for r in result.values()), default=0.0)
+            score = (not ok, max((r.excess for r in result.values()), default=0.0))  # a failing set is worse
             passed &= ok
             if worst is None or score > worst_score:
                 worst, worst_i, worst_score = result, i, score
