@@ -383,3 +383,23 @@ def _constant_value(node: onnx.NodeProto) -> np.ndarray:
         if attr.name == "value_strings":
             return np.array([s.decode() for s in attr.strings])
     raise BackendFailure(f"Constant node {node.name!r} has an attribute we cannot read")
+
+
+class Overlay(dict):
+    """Changed tensors over the reference, without copying the reference."""
+
+    def __init__(self, changed: dict, reference: Mapping):
+        super().__init__(changed)
+        self._reference = reference
+
+    def __missing__(self, key):
+        return self._reference[key]
+
+    def __contains__(self, key):
+        return dict.__contains__(self, key) or key in self._reference
+
+    def keys(self):  # type: ignore[override]
+        return list(self._reference.keys())
+
+    def get(self, key, default=None):
+        return self[key] if key in self else default

@@ -95,46 +95,6 @@ def _schema_input_is_fixed_float(op_type: str, index: int, domain: str, opset: i
     return formal.type_str == "tensor(float)"
 
 
-def fp16_type_bound_inputs(op_type: str, domain: str, opset: int | None, n_inputs: int) -> list[bool]:
-    """For each input: must it share the node's float data type (so an FP16 node needs it in FP16)?
-
-    Used by the mixed-precision ONNX writer, where ONNX type constraints, not our rounding rules, decide the
-    tensor type (Clip bounds are type T: FP16 in an FP16 Clip even though the emulation never rounds them).
-    """
-    schema = _schema(op_type, domain, opset)
-    if schema is None:
-        return [True] * n_inputs
-    allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
-    out = []
-    for i in range(n_inputs):
-        if not schema.inputs:
-            out.append(False)
-            continue
-        formal = schema.inputs[min(i, len(schema.inputs) - 1)]
-        types = allowed.get(formal.type_str)
-        out.append(bool(types) and "tensor(float16)" in types and "tensor(float)" in types)
-    return out
-
-
-def fp16_type_bound_outputs(op_type: str, domain: str, opset: int | None, n_outputs: int) -> list[bool]:
-    schema = _schema(op_type, domain, opset)
-    if schema is None:
-        return [True] * n_outputs
-    allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
-    out = []
-    for i in range(n_outputs):
-        if not schema.outputs:
-            out.append(False)
-            continue
-        formal = schema.outputs[min(i, len(schema.outputs) - 1)]
-        types = allowed.get(formal.type_str)
-        if formal.type_str == "tensor(float)":
-            out.append(False)
-        else:
-            out.append(bool(types) and "tensor(float16)" in types)
-    return out
-
-
 def supports_fp16(op_type: str, domain: str, opset: int | None) -> bool:
     """Does the ONNX schema let this operator compute in FP16 at all? (Unknown/custom ops: assume yes.)"""
     schema = _schema(op_type, domain, opset)

@@ -42,6 +42,7 @@ from onnx import TensorProto, helper
 from .catalog import Catalog
 from .compare import EPSILON, Tolerance, compare_output
 from .errors import UsageError
+from .executor import Overlay
 from .fp16 import round_weight
 
 SCHEMA_VERSION = 1
@@ -284,7 +285,7 @@ def _downstream_outputs(catalog: Catalog, backend: Any, ref: Mapping[str, np.nda
         for consumer in dict.fromkeys(c for o in outs for c in consumers.get(o, ())):
             node = catalog.nodes[consumer]
             if _has_subgraph(node):  # outer-scope reads: run it on its own
-                view = _Overlay(dict(outs), ref)
+                view = Overlay(dict(outs), ref)
                 result[(name, consumer)] = backend.run_node(frozenset(), consumer, view)
                 continue
             copy = onnx.NodeProto()
@@ -341,15 +342,6 @@ def _consumers(catalog: Catalog) -> dict[str, list[str]]:
             if node.name not in lst:
                 lst.append(node.name)
     return out
-
-
-class _Overlay(dict):
-    def __init__(self, changed: Mapping, reference: Mapping):
-        super().__init__(changed)
-        self._reference = reference
-
-    def __missing__(self, key):
-        return self._reference[key]
 
 
 # ---- files -----------------------------------------------------------------------------------------------------

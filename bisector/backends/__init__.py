@@ -24,7 +24,6 @@ def backend_factory(name: str, **options: Any) -> Callable[[], Backend]:
         return lambda: OrtCudaBackend(**{k: v for k, v in options.items() if k in ("device_id", "strict")})
     if name in ("tensorrt", "tensorrt-rtx"):
         from .tensorrt import TensorRTBackend, TensorRTRTXBackend
-
         from .trt_import import import_tensorrt, import_tensorrt_rtx
 
         (import_tensorrt_rtx if name == "tensorrt-rtx" else import_tensorrt)()  # fail early, exit 2, if absent

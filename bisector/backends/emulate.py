@@ -17,7 +17,7 @@ import onnxruntime as ort
 
 from .. import __version__
 from ..catalog import Catalog
-from ..executor import NodeExecutor, feeds_digest
+from ..executor import NodeExecutor, Overlay, feeds_digest
 from ..fp16 import round_activation, round_weight
 from ..optable import PRESERVES_FP16
 from ..plan import Plan
@@ -92,7 +92,7 @@ class EmulateBackend:
             ref, fp16, read_input=lambda n, i, t, v: self._read(fp16, n, i, t, v),
             round_outputs=lambda n: n in fp16 and self.catalog.nodes[n].op_type not in PRESERVES_FP16, fused=fused,
         )
-        return _Overlay(changed, ref)
+        return Overlay(changed, ref)
 
     def run_node(self, fp16: frozenset[str], node: str, tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One node under the rules, its inputs taken from `tensors` (e.g. the FP32 reference).
@@ -141,23 +141,3 @@ class EmulateBackend:
         if producer is not None and producer in fp16:
             return value, False  # already stored in FP16 by its producer
         return value, True
-
-
-class _Overlay(dict):
-    """Changed tensors over the reference, without copying the reference."""
-
-    def __init__(self, changed: dict, reference: Mapping):
-        super().__init__(changed)
-        self._reference = reference
-
-    def __missing__(self, key):
-        return self._reference[key]
-
-    def __contains__(self, key):
-        return dict.__contains__(self, key) or key in self._reference
-
-    def keys(self):  # type: ignore[override]
-        return list(self._reference.keys())
-
-    def get(self, key, default=None):
-        return self[key] if key in self else default

@@ -8,7 +8,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-
 from ..cli_options import JsonOut, Model, Verbose, setup_logging
 
 SCHEMA_VERSION = 1
