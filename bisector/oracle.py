@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
 from .backends.base import Backend
+from .budget import (
+    BudgetExhausted,  # part of the strategy protocol: strategies let it propagate
+)
 from .compare import OutputComparison, Tolerance, compare_outputs
 from .plan import Plan
 from .polyjson import Feeds
-from .strategies import (
-    BudgetExhausted,  # part of the strategy protocol: strategies let it propagate
-)
 
 
 @dataclass

@@ -33,8 +33,7 @@ __all__ = [
 ENTRY_POINT_GROUP = "bisector.strategies"
 
 
-class BudgetExhausted(Exception):
-    """Raised by the driver's ``passes`` when the evaluation budget is spent. Strategies let it propagate."""
+from bisector.budget import BudgetExhausted  # noqa: E402  (defined in the core: the oracle raises it)
 
 
 @runtime_checkable
