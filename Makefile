@@ -31,7 +31,7 @@ typecheck: $(STAMP)
 	$(PY) typecheck/check_tensorrt.py
 
 test-slow: $(STAMP)
-	$(PY) -m pytest -q -m slow tests
+	$(PY) -m pytest -q -n 2 -m slow tests
 
 bench: $(STAMP)
 	$(PY) bench/strategies.py --quick
