@@ -35,7 +35,9 @@ test-slow: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/strategies.py --quick
+	$(PY) bench/fixture_searches.py
 	$(PY) bench/emulate_speed.py
+	$(PY) bench/profile_cost.py
 
 fixtures: $(STAMP)
 	$(PY) fixtures/generate.py
