@@ -36,7 +36,7 @@ OptLevel = Annotated[Optional[int], typer.Option("--builder-optimization-level",
 TacticSources = Annotated[Optional[list[str]], typer.Option("--tactic-sources", help="TensorRT tactic sources to enable (space-separated).")]
 SaveEngines = Annotated[Optional[Path], typer.Option("--save-engines", help="Keep each candidate's TensorRT engine in this directory.")]
 JunitOut = Annotated[Optional[Path], typer.Option("--junit", help="Write JUnit XML here: one test case per model output.")]
-JsonOut = Annotated[Optional[Path], typer.Option("--json", help="Write a machine-readable summary here.")]
+JsonOut = Annotated[Optional[Path], typer.Option("--json", help="Write a machine-readable summary here (`-`: to stdout, which then holds nothing else).")]
 
 
 def job_options(model, val_range, input_shapes, seed, iterations, load_inputs, save_inputs, load_outputs,
@@ -85,3 +85,25 @@ def backend_options(input_shapes, precision_constraints="obey", strongly_typed=F
         "builder_optimization_level": builder_optimization_level, "tactic_sources": tactic_sources,
         "save_engines": save_engines, "input_shapes": parse_input_shapes(input_shapes) or None,
     }
+
+
+def json_to_stdout(json_out) -> bool:
+    return json_out is not None and str(json_out) == "-"
+
+
+def write_json(json_out, text: str) -> None:
+    """`--json FILE` (written atomically) or `--json -` (stdout, which then carries the JSON alone)."""
+    if json_to_stdout(json_out):
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        from .artifacts.io import write_text_atomic
+
+        write_text_atomic(json_out, text)
+
+
+def human_output(json_out):
+    """Where human-readable lines go: stdout, or stderr when stdout carries `--json -`."""
+    if json_to_stdout(json_out):
+        return lambda message: typer.echo(message, err=True)
+    return typer.echo

@@ -190,3 +190,19 @@ def test_several_input_sets_must_all_pass_and_the_worst_is_reported(tmp_path, ca
     assert main_cli("verify", SEED, "--constraints", tmp_path / "empty.json", "--load-inputs", tmp_path / "both.json",
                     "--json", js, "--cache-dir", cache_dir) == 1
     assert json.loads(js.read_text())["worst_input_set"] == 1
+
+
+@pytest.mark.parametrize("command", ["precision", "verify", "run"])
+def test_json_to_stdout_is_pure_json(tmp_path, cache_dir, command):
+    """`--json -`: stdout carries the JSON alone (progress and human lines go to stderr), for `| jq` in CI."""
+    out = tmp_path / "o"
+    main_cli("precision", SEED, *SEED_ARGS, "-o", out, "--cache-dir", cache_dir)
+    extra = {"precision": ["-o", tmp_path / "p"], "verify": ["--constraints", out / "constraints.json"],
+             "run": ["--fp32", "Add", "Sub"]}[command]
+    args = [command, SEED, *(SEED_ARGS if command != "verify" else ["--fp16"]), *extra, "--json", "-",
+            "--cache-dir", cache_dir]
+    r = subprocess.run([sys.executable, "-m", "bisector.cli", *map(str, args)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["passed"] is True
+    assert r.stderr  # the human-readable part went somewhere

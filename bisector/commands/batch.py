@@ -22,8 +22,10 @@ code as its command; a model's error (exit 2/3) is reported and the batch goes o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import sys
 import time
 import tomllib
 from pathlib import Path
@@ -32,7 +34,15 @@ from typing import Annotated, Literal, Optional
 import typer
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ..cli_options import JsonOut, JunitOut, Verbose, setup_logging
+from ..cli_options import (
+    JsonOut,
+    JunitOut,
+    Verbose,
+    human_output,
+    json_to_stdout,
+    setup_logging,
+    write_json,
+)
 from ..errors import UsageError
 
 log = logging.getLogger("bisector")
@@ -100,7 +110,6 @@ def batch(
     from rich.console import Console
     from rich.table import Table
 
-    from ..artifacts.io import write_text_atomic
     from ..cli import main as cli_main
     from ..junit import Case, Suite
 
@@ -125,7 +134,11 @@ def batch(
         t0 = time.perf_counter()
         if summary_path.exists():
             summary_path.unlink()  # never report a stale summary as this run's
-        code = cli_main(args)
+        if json_to_stdout(json_out):  # stdout carries the batch JSON alone: the models' own lines go to stderr
+            with contextlib.redirect_stdout(sys.stderr):
+                code = cli_main(args)
+        else:
+            code = cli_main(args)
         seconds = time.perf_counter() - t0
         summary = json.loads(summary_path.read_text()) if summary_path.exists() and code in (0, 1) else {}
         found = summary.get("fp32_nodes")
@@ -148,12 +161,13 @@ def batch(
     for r in results:
         nodes = "-" if r["fp32_nodes"] is None else str(len(r["fp32_nodes"]))
         table.add_row(r["name"], r["mode"], r["status"], nodes, f"{r['seconds']:.1f}")
-    Console(stderr=False).print(table)
+    say = human_output(json_out)
+    Console(stderr=json_to_stdout(json_out)).print(table)
     for r in results:
         if r["regression"]:
-            typer.echo(f"{r['name']}: {r['regression']}")
+            say(f"{r['name']}: {r['regression']}")
     if json_out is not None:
-        write_text_atomic(json_out, json.dumps({"models": results}, indent=2) + "\n")
+        write_json(json_out, json.dumps({"models": results}, indent=2) + "\n")
     if junit is not None:
         suite.write(junit)
     codes = [r["exit_code"] for r in results]

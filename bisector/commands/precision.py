@@ -38,9 +38,11 @@ from ..cli_options import (
     ValRange,
     Verbose,
     backend_options,
+    human_output,
     job_options,
     setup_logging,
     strategy_help,
+    write_json,
 )
 from ..errors import UsageError
 
@@ -87,7 +89,7 @@ def precision(
     """Search the minimal set of nodes to keep in FP32 and write constraints.json, add_constraints.py,
     model.mixed.onnx, layer-precision strings and report.md."""
     from ..artifacts.constraints import Constraints, Evaluations, Golden
-    from ..artifacts.io import ensure_dir, write_text_atomic
+    from ..artifacts.io import ensure_dir
     from ..artifacts.write import write_artifacts
     from ..junit import Suite
     from ..oracle import Budget
@@ -155,7 +157,7 @@ def precision(
     )
     paths = write_artifacts(output_dir, cat, constraints, extra_report)
     if json_out is not None:
-        write_text_atomic(json_out, constraints.model_dump_json(indent=2) + "\n")
+        write_json(json_out, constraints.model_dump_json(indent=2) + "\n")
     if junit is not None:
         suite = Suite()
         suite.add_outputs(cat.path.name, constraints.outputs, result.seconds)
@@ -164,8 +166,9 @@ def precision(
     ordered = sorted(result.fp32, key=order.__getitem__)
     if result.stop_reason:
         log.warning("search stopped early (%s): reporting the best passing set found so far", result.stop_reason)
-    typer.echo(f"FP32 nodes ({len(ordered)}): {' '.join(ordered) if ordered else '(none)'}")
-    typer.echo(
+    say = human_output(json_out)
+    say(f"FP32 nodes ({len(ordered)}): {' '.join(ordered) if ordered else '(none)'}")
+    say(
         f"{'PASSED' if result.passed else 'FAILED'}; {'1-minimal' if result.minimal else 'not proven minimal'}; "
         f"{result.evaluations['total']} evaluations ({result.evaluations['new']} new, {result.evaluations['cached']} cached); "
         f"artifacts in {paths['constraints'].parent}"

@@ -37,8 +37,10 @@ from ..cli_options import (
     ValRange,
     Verbose,
     backend_options,
+    human_output,
     job_options,
     setup_logging,
+    write_json,
 )
 from ..errors import UsageError
 
@@ -106,6 +108,7 @@ def run(
 
     from ..compare import compare_outputs
 
+    say = human_output(json_out)
     report: dict[str, Any] = {"passed": True, "outputs": {}}
     all_outs, runtimes = [], []
     for i, (feeds, golden) in enumerate(zip(job.feeds_list, job.golden.outputs)):
@@ -125,11 +128,11 @@ def run(
         results = compare_outputs(actual, expected, job.tolerance, keep_diff=True)
         graph_results = {k: results[k] for k in golden}
         ordered = _topological(cat, results) if mark_all else list(graph_results)
-        typer.echo(f"Input set {i}: {len(plan.fp32)} FP32 node(s), {len(plan.fp16)} FP16 node(s)")
+        say(f"Input set {i}: {len(plan.fp32)} FP32 node(s), {len(plan.fp16)} FP16 node(s)")
         for name in ordered:
-            typer.echo(format_comparison(results[name]))
+            say(format_comparison(results[name]))
         if mark_all:
-            typer.echo(first_divergence(cat, results))
+            say(first_divergence(cat, results))
         passed = all(r.passed for r in graph_results.values())
         report["passed"] = report["passed"] and passed
         for name, r in results.items():
@@ -140,8 +143,8 @@ def run(
     if save_outputs is not None:
         write_text_atomic(save_outputs, run_results_to_json(f"bisector-{backend}", all_outs, runtimes))
     if json_out is not None:
-        write_text_atomic(json_out, json.dumps(report, indent=2) + "\n")
-    typer.echo("PASSED" if report["passed"] else "FAILED")
+        write_json(json_out, json.dumps(report, indent=2) + "\n")
+    say("PASSED" if report["passed"] else "FAILED")
     raise typer.Exit(0 if report["passed"] else 1)
 
 

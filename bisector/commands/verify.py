@@ -31,8 +31,10 @@ from ..cli_options import (
     ValRange,
     Verbose,
     backend_options,
+    human_output,
     job_options,
     setup_logging,
+    write_json,
 )
 
 log = logging.getLogger("bisector")
@@ -62,7 +64,6 @@ def verify(
 ) -> None:
     """Check a recorded FP32 set: exit 0 if it still passes, 1 if it fails or names nodes the model lost."""
     from ..artifacts.constraints import Constraints
-    from ..artifacts.io import write_text_atomic
     from ..junit import Suite
     from ..session import build_job
 
@@ -97,15 +98,16 @@ def verify(
     job.close()
 
     failing = {k: r for k, r in verdict.outputs.items() if not r.passed}
+    say = human_output(json_out)
     for name, r in verdict.outputs.items():
         state = "pass" if r.passed else "FAIL"
-        typer.echo(f"{state} {name}: {r.stat} error needs abs {r.required_abs:.4g} / rel {r.required_rel:.4g} "
+        say(f"{state} {name}: {r.stat} error needs abs {r.required_abs:.4g} / rel {r.required_rel:.4g} "
                    f"(tolerance abs {r.atol:g} / rel {r.rtol:g})" + (f"; {r.reason}" if r.reason else ""))
     if missing:
-        typer.echo(f"FAIL: {len(missing)} recorded FP32 node(s) no longer exist in the model (renamed or removed): "
+        say(f"FAIL: {len(missing)} recorded FP32 node(s) no longer exist in the model (renamed or removed): "
                    f"{', '.join(missing)}. Re-run `bisector precision` to refresh constraints.json.")
     if removable:
-        typer.echo(f"NOT MINIMAL: the set still passes without {', '.join(removable)}")
+        say(f"NOT MINIMAL: the set still passes without {', '.join(removable)}")
     passed = verdict.passed and not missing and not removable
     summary = {
         "passed": passed, "model": str(model), "constraints": str(constraints), "fp32_nodes": sorted(kept),
@@ -114,7 +116,7 @@ def verify(
         "evaluations": oracle.total,
     }
     if json_out is not None:
-        write_text_atomic(json_out, json.dumps(summary, indent=2) + "\n")
+        write_json(json_out, json.dumps(summary, indent=2) + "\n")
     if junit is not None:
         suite = Suite()
         suite.add_outputs(cat.path.name, summary["outputs"])
@@ -123,7 +125,7 @@ def verify(
 
             suite.cases.append(Case(cat.path.name, "constraints-nodes", False, f"nodes missing from the model: {missing}"))
         suite.write(junit)
-    typer.echo("VERIFIED" if passed else "FAILED")
+    say("VERIFIED" if passed else "FAILED")
     raise typer.Exit(0 if passed else 1)
 
 
