@@ -25,9 +25,16 @@ from ..cli_options import (
     JunitOut,
     LoadInputs,
     LoadOutputs,
+    LoadTimingCache,
     Model,
     NoCache,
+    OptLevel,
+    PrecisionConstraints,
     Rtol,
+    SaveEngines,
+    SaveTimingCache,
+    StronglyTyped,
+    TacticSources,
     ValRange,
     Verbose,
     backend_options,
@@ -56,6 +63,13 @@ def verify(
     load_inputs: LoadInputs = None,
     load_outputs: LoadOutputs = None,
     backend: BackendOpt = "emulate",
+    precision_constraints: PrecisionConstraints = "obey",
+    strongly_typed: StronglyTyped = False,
+    load_timing_cache: LoadTimingCache = None,
+    save_timing_cache: SaveTimingCache = None,
+    builder_optimization_level: OptLevel = None,
+    tactic_sources: TacticSources = None,
+    save_engines: SaveEngines = None,
     cache_dir: CacheDir = None,
     no_cache: NoCache = False,
     json_out: JsonOut = None,
@@ -81,7 +95,9 @@ def verify(
         iterations = recorded.inputs.get("iterations", 1) if iterations is None else iterations
     job = build_job(job_options(model, val_range, input_shapes, seed or 1, iterations or 1, load_inputs, None,
                                  load_outputs, atol, rtol, check_error_stat, error_quantile, backend, cache_dir, no_cache,
-                                 backend_options(input_shapes)))
+                                 backend_options(input_shapes, precision_constraints, strongly_typed, load_timing_cache,
+                                                 save_timing_cache, builder_optimization_level, tactic_sources,
+                                                 save_engines)))
     cat = job.catalog
     if recorded.model_sha256 != cat.sha256:
         log.warning("the model changed since the search (sha256 %s... -> %s...)", recorded.model_sha256[:12], cat.sha256[:12])
