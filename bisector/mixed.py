@@ -195,12 +195,7 @@ def _constant_array(node: onnx.NodeProto):
 def _drop_unused(model: onnx.ModelProto) -> None:
     """Remove initializers and Constant nodes nobody reads any more (weights now only read as FP16)."""
     graph = model.graph
-    used = {o.name for o in graph.output}
-    for n in graph.node:
-        used.update(n.input)
-        for a in n.attribute:
-            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-                used.update(_graph_reads(g))
+    used = _graph_reads(graph)  # subgraphs included: a branch may read an outer initializer
     keep = [i for i in graph.initializer if i.name in used]
     del graph.initializer[:]
     graph.initializer.extend(keep)
@@ -210,6 +205,7 @@ def _drop_unused(model: onnx.ModelProto) -> None:
 
 
 def _graph_reads(graph: onnx.GraphProto) -> set[str]:
+    """Every name a graph (and its subgraphs) reads, plus its outputs."""
     names = {o.name for o in graph.output}
     for n in graph.node:
         names.update(n.input)
