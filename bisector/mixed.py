@@ -74,6 +74,12 @@ def build_mixed_model(catalog: Catalog, plan: Plan | frozenset[str]) -> onnx.Mod
         emitted: list[onnx.NodeProto] = []
         if node.name not in fp16_nodes:
             new = copy.deepcopy(node)
+            if node.op_type in _ANY_TYPE_READERS:
+                # Shape/Size/Cast read any type: they take the FP16 tensor itself (same values, and no Cast back
+                # is needed just for them — what AutoCast does too).
+                for i, t in enumerate(node.input):
+                    if t and t in made_fp16 and catalog.producers.get(t) in fp16_nodes:
+                        new.input[i] = fp16_name(t)
             emitted.append(new)
             graph.node.extend(emitted)
             continue
@@ -106,7 +112,10 @@ def build_mixed_model(catalog: Catalog, plan: Plan | frozenset[str]) -> onnx.Mod
         emitted.extend(stored)
         for t in producer_outputs:
             needs_fp32 = t in graph_outputs or any(
-                r.name not in fp16_nodes or not _reads_fp16(catalog, r, t) for r in readers.get(t, [])
+                (r.name not in fp16_nodes and r.op_type not in _ANY_TYPE_READERS)
+                or (r.name in fp16_nodes and not _reads_fp16(catalog, r, t))
+                or (r.op_type in _ANY_TYPE_READERS and t not in r.input)  # an outer-scope read in a subgraph
+                for r in readers.get(t, [])
             )
             if needs_fp32:
                 emitted.append(helper.make_node("Cast", [fp16_name(t)], [t], to=FLOAT, name=f"{t}__cast_to_fp32"))

@@ -26,6 +26,10 @@ INDEX = json.loads((CONSTRUCTS / "constructs.json").read_text())
 def _cases():
     yield "needs_constraints", FIXTURES / "needs_constraints.onnx", ["--val-range", "x:[1,2]"]
     yield "planted", FIXTURES / "planted.onnx", ["--val-range", "x:[0,1]"]
+    yield "exported_cnn", FIXTURES / "exported" / "cnn.onnx", []
+    yield ("exported_encoder", FIXTURES / "exported" / "encoder.onnx",
+           ["--val-range", "ids:[0,999]", "--val-range", "mask:[1,1]", "--input-shapes", "ids:[1,32]",
+            "--input-shapes", "mask:[1,32]"])
     for name, meta in sorted(INDEX.items()):
         yield name, CONSTRUCTS / f"{name}.onnx", meta["args"]
     for case in sorted(p.name for p in TESTVECTORS.iterdir() if p.is_dir()):
