@@ -50,7 +50,10 @@ def run_search(
     strategy_options: dict[str, Any] | None = None,
     hints: dict[str, Any] | None = None,
     progress: Callable[[dict], None] | None = None,
+    start: frozenset[str] | None = None,
 ) -> SearchResult:
+    """Search with `strategy_name`. `start`: an FP32 set found elsewhere (on emulate, or for an earlier model) to
+    confirm and, where needed, extend or shrink, instead of searching from scratch."""
     strategy = load_strategy(strategy_name, strategy_options)
     t0 = time.perf_counter()
     candidates = oracle.candidates
@@ -78,7 +81,10 @@ def run_search(
     # Sequential today; a parallel backend can answer independent sets at once behind the same hook.
     all_hints.setdefault("batch", lambda sets: [oracle.passes(frozenset(s)) for s in sets])
     try:
-        answer = frozenset(strategy.search(candidates, oracle.passes, **all_hints))
+        if start is None:
+            answer = frozenset(strategy.search(candidates, oracle.passes, **all_hints))
+        else:
+            answer = _search_from(strategy, frozenset(start), candidates, oracle, all_hints)
     except BudgetExhausted as exc:
         stop_reason = str(exc)
         answer = oracle.best_passing() or frozenset(candidates)
@@ -100,3 +106,20 @@ def run_search(
         seconds=time.perf_counter() - t0,
         evaluations={"total": oracle.total, "new": oracle.new, "cached": oracle.cached},
     )
+
+
+def _search_from(strategy, start: frozenset[str], candidates, oracle: Oracle, hints: dict) -> frozenset[str]:
+    """Confirm and extend (DESIGN §4a: a CPU-found set checked on a real backend).
+
+    If `start` passes, search only inside it (every other candidate stays FP16): the answer can only shrink.
+    If not, `start` stays FP32 while the strategy finds what else must join it, and then the union is searched
+    the same way, so the answer is 1-minimal again. When `start` is nearly right this costs a few evaluations
+    where a search from scratch costs dozens (each one an engine build on TensorRT)."""
+    def within(fp32: frozenset[str]) -> list[str]:
+        return [n for n in candidates if n in fp32]
+
+    if not oracle.passes(start):
+        rest = [n for n in candidates if n not in start]
+        extra = frozenset(strategy.search(rest, lambda s: oracle.passes(frozenset(s) | start), **hints))
+        start = start | extra
+    return frozenset(strategy.search(within(start), oracle.passes, **hints))

@@ -206,3 +206,38 @@ def test_json_to_stdout_is_pure_json(tmp_path, cache_dir, command):
     doc = json.loads(r.stdout)
     assert doc["passed"] is True
     assert r.stderr  # the human-readable part went somewhere
+
+
+@pytest.mark.parametrize("start", [["Add"], ["Add", "MatMul_0", "Sub"]], ids=["too-small", "too-big"])
+def test_start_from_extends_or_shrinks_to_a_minimal_set(tmp_path, cache_dir, start):
+    """--start-from: a set found elsewhere is judged first, then extended (too small) or shrunk (too big)."""
+    out = tmp_path / "o"
+    main_cli("precision", SEED, *SEED_ARGS, "-o", out, "--cache-dir", cache_dir)
+    data = json.loads((out / "constraints.json").read_text())
+    data["fp32_nodes"] = start
+    start_file = tmp_path / "start.json"
+    start_file.write_text(json.dumps(data))
+    out2 = tmp_path / "o2"
+    assert main_cli("precision", SEED, *SEED_ARGS, "--start-from", start_file, "--no-resume", "-o", out2,
+                    "--cache-dir", cache_dir) == 0
+    c = json.loads((out2 / "constraints.json").read_text())
+    assert c["fp32_nodes"] == ["Add", "Sub"] and c["minimal"]
+
+
+def test_start_from_saves_evaluations_on_planted(tmp_path, cache_dir):
+    spec = planted_spec()
+    planted = sorted(spec["fp32_nodes"])
+    out = tmp_path / "o"
+    assert main_cli("precision", PLANTED, "--fp16", *spec["args"], "--no-plot", "-o", out, "--cache-dir", cache_dir,
+                    "--no-resume") == 0
+    scratch = json.loads((out / "constraints.json").read_text())["evaluations"]["total"]
+    data = json.loads((out / "constraints.json").read_text())
+    data["fp32_nodes"] = planted[:-1]  # one node short, as a CPU-found set might be on a real backend
+    start_file = tmp_path / "start.json"
+    start_file.write_text(json.dumps(data))
+    out2 = tmp_path / "o2"
+    assert main_cli("precision", PLANTED, "--fp16", *spec["args"], "--no-plot", "--start-from", start_file,
+                    "-o", out2, "--cache-dir", cache_dir, "--no-resume") == 0
+    c = json.loads((out2 / "constraints.json").read_text())
+    assert c["fp32_nodes"] == planted and c["minimal"]
+    assert c["evaluations"]["total"] < scratch

@@ -79,6 +79,7 @@ def precision(
     scores: Annotated[Optional[str], typer.Option("--scores", help="Per-node FP16 sensitivity to order the search: a profile.json from `bisector profile`, or `profile` to compute it first (emulate).")] = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Live progress on stderr when it is a terminal (plain lines otherwise).")] = True,
     plot: Annotated[bool, typer.Option("--plot/--no-plot", help="Write profile.json/profile.png (per-node sensitivity, final FP32 nodes, output error histograms) with the artifacts (emulate).")] = True,
+    start_from: Annotated[Optional[Path], typer.Option("--start-from", help="A constraints.json found elsewhere (e.g. on emulate): confirm its FP32 set on this backend and extend or shrink it, instead of searching from scratch.")] = None,
     resume: Annotated[bool, typer.Option("--resume/--no-resume", help="Answer repeated plans from the journal of earlier runs with the same model, inputs, backend and tolerances.")] = True,
     max_evals: Annotated[Optional[int], typer.Option("--max-evals", help="Stop after this many new evaluations; report the best passing set so far (minimal: false).")] = None,
     time_limit: Annotated[Optional[float], typer.Option("--time-limit", help="Stop after this many seconds; report the best passing set so far.")] = None,
@@ -126,6 +127,14 @@ def precision(
         if not set(loaded) & set(cat.candidates):
             raise UsageError(f"--scores {scores} names none of this model's candidates (a profile of another model?)")
         hints["scores"] = {n: loaded.get(n, 0.0) for n in cat.candidates}
+    start = None
+    if start_from is not None:
+        recorded = Constraints.read(start_from).fp32_nodes
+        missing = cat.unknown(recorded)
+        if missing:
+            raise UsageError(f"--start-from {start_from}: node(s) not in this model: {missing}")
+        start = frozenset(n for n in recorded if n in cat.candidates)
+        log.info("starting from %d FP32 node(s) of %s", len(start), start_from)
     journal = job.journal(resume=resume)
     budget = Budget(max_evals=max_evals, time_limit=time_limit)
     display = SearchProgress(len(cat.candidates), live=None if progress else False, max_evals=max_evals,
@@ -133,7 +142,7 @@ def precision(
     oracle = job.oracle(budget=budget, journal=journal, on_verdict=display.on_verdict)
     try:
         with display:
-            result = run_search(oracle, strategy, {"direction": direction}, hints=hints, progress=display)
+            result = run_search(oracle, strategy, {"direction": direction}, hints=hints, progress=display, start=start)
         extra_report = ""
         if plot and job.backend.name == "emulate":
             extra_report = _write_profile_artifacts(job, output_dir, result.fp32, profile_nodes)
