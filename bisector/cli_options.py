@@ -62,10 +62,26 @@ def strategy_help() -> str:
 
 
 def setup_logging(verbose: bool) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO, format="[bisector] %(levelname)s %(message)s", stream=sys.stderr
-    )
-    logging.getLogger("bisector").setLevel(logging.DEBUG if verbose else logging.INFO)
+    """Our log lines on stderr; other libraries (matplotlib, onnx) keep their own, quieter, defaults."""
+    logger = logging.getLogger("bisector")
+    logger.setLevel(logging.DEBUG if verbose else logging.INFO)
+    if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
+        handler = _StderrHandler()
+        handler.setFormatter(logging.Formatter("[bisector] %(levelname)s %(message)s"))
+        logger.addHandler(handler)
+        logger.propagate = False
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever sys.stderr is when a record is emitted (a captured or redirected stderr included)."""
+
+    @property  # type: ignore[override]
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
 
 
 
