@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Mapping, Optional
 
 import typer
 
@@ -39,15 +39,26 @@ JunitOut = Annotated[Optional[Path], typer.Option("--junit", help="Write JUnit X
 JsonOut = Annotated[Optional[Path], typer.Option("--json", help="Write a machine-readable summary here (`-`: to stdout, which then holds nothing else).")]
 
 
-def job_options(model, val_range, input_shapes, seed, iterations, load_inputs, save_inputs, load_outputs,
-                 atol, rtol, check_error_stat, error_quantile, backend, cache_dir, no_cache, backend_options=None):
+_TRT_FLAGS = ("precision_constraints", "strongly_typed", "load_timing_cache", "save_timing_cache",
+              "builder_optimization_level", "tactic_sources", "save_engines")
+
+
+def job_options(flags: Mapping[str, Any], **overrides: Any):
+    """JobOptions from a command's flag values, picked by parameter name (commands pass `locals()`), so the
+    shared input/tolerance/backend flags are mapped in one place instead of a long positional call per command."""
     from .session import JobOptions
 
+    f = {**flags, **overrides}
+    backend_opts = f.get("backend_options")
+    if backend_opts is None:
+        backend_opts = backend_options(f.get("input_shapes"), **{k: f[k] for k in _TRT_FLAGS if k in f})
     return JobOptions(
-        model=model, val_range=val_range or [], input_shapes=input_shapes or [], seed=seed, iterations=iterations,
-        load_inputs=load_inputs or [], save_inputs=save_inputs, load_outputs=load_outputs, atol=atol or [],
-        rtol=rtol or [], check_error_stat=check_error_stat or [], error_quantile=error_quantile, backend=backend,
-        backend_options=backend_options or {}, cache_dir=cache_dir, no_cache=no_cache,
+        model=f["model"], val_range=f.get("val_range") or [], input_shapes=f.get("input_shapes") or [],
+        seed=1 if f.get("seed") is None else f["seed"], iterations=1 if f.get("iterations") is None else f["iterations"], load_inputs=f.get("load_inputs") or [],
+        save_inputs=f.get("save_inputs"), load_outputs=f.get("load_outputs"), atol=f.get("atol") or [],
+        rtol=f.get("rtol") or [], check_error_stat=f.get("check_error_stat") or [],
+        error_quantile=f.get("error_quantile", 0.99), backend=f.get("backend", "emulate"),
+        backend_options=backend_opts, cache_dir=f.get("cache_dir"), no_cache=bool(f.get("no_cache")),
     )
 
 

@@ -37,7 +37,6 @@ from ..cli_options import (
     TacticSources,
     ValRange,
     Verbose,
-    backend_options,
     human_output,
     job_options,
     setup_logging,
@@ -108,11 +107,7 @@ def precision(
         raise UsageError(f"--time-limit {time_limit}: must be positive")
     ensure_dir(output_dir)  # fail on an unwritable -o before hours of search
     t0 = time.perf_counter()
-    job = build_job(job_options(model, val_range, input_shapes, seed, iterations, load_inputs, save_inputs,
-                                 load_outputs, atol, rtol, check_error_stat, error_quantile, backend, cache_dir, no_cache,
-                                 backend_options(input_shapes, precision_constraints, strongly_typed, load_timing_cache,
-                                                 save_timing_cache, builder_optimization_level, tactic_sources,
-                                                 save_engines)))
+    job = build_job(job_options(locals()))
     t_setup = time.perf_counter() - t0
     cat = job.catalog
     log.info("%s: %d candidates, %d pinned; golden %s", cat.path.name, len(cat.candidates), len(cat.pinned), job.golden.source)

@@ -82,9 +82,7 @@ def profile(
         raise UsageError(f"--threads {threads}: must be 0 or more")
     ensure_dir(output_dir)
     t0 = time.perf_counter()
-    job = build_job(job_options(model, val_range, input_shapes, seed, iterations, load_inputs, save_inputs,
-                                 load_outputs, atol, rtol, check_error_stat, error_quantile, "emulate", cache_dir,
-                                 no_cache, {"threads": threads}))
+    job = build_job(job_options(locals(), backend="emulate", backend_options={"threads": threads}))
     try:
         cat = job.catalog
         wanted = list(fp32 or [])

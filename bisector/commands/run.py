@@ -36,7 +36,6 @@ from ..cli_options import (
     TacticSources,
     ValRange,
     Verbose,
-    backend_options,
     human_output,
     job_options,
     setup_logging,
@@ -89,11 +88,7 @@ def run(
     setup_logging(verbose)
     if mark_all and backend != "emulate":
         raise UsageError("--mark-all needs --backend emulate (other backends expose only graph outputs)")
-    job = build_job(job_options(model, val_range, input_shapes, seed, iterations, load_inputs, save_inputs,
-                                 load_outputs, atol, rtol, check_error_stat, error_quantile, backend, cache_dir, no_cache,
-                                 backend_options(input_shapes, precision_constraints, strongly_typed, load_timing_cache,
-                                                 save_timing_cache, builder_optimization_level, tactic_sources,
-                                                 save_engines)))
+    job = build_job(job_options(locals()))
     cat = job.catalog
     wanted = list(fp32 or [])
     if constraints is not None:

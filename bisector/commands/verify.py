@@ -37,7 +37,6 @@ from ..cli_options import (
     TacticSources,
     ValRange,
     Verbose,
-    backend_options,
     human_output,
     job_options,
     setup_logging,
@@ -93,11 +92,7 @@ def verify(
         input_shapes = input_shapes or [f"{k}:{v}" for k, v in inputs.get("shapes", {}).items()]
         seed = recorded.inputs.get("seed", 1) if seed is None else seed
         iterations = recorded.inputs.get("iterations", 1) if iterations is None else iterations
-    job = build_job(job_options(model, val_range, input_shapes, seed or 1, iterations or 1, load_inputs, None,
-                                 load_outputs, atol, rtol, check_error_stat, error_quantile, backend, cache_dir, no_cache,
-                                 backend_options(input_shapes, precision_constraints, strongly_typed, load_timing_cache,
-                                                 save_timing_cache, builder_optimization_level, tactic_sources,
-                                                 save_engines)))
+    job = build_job(job_options(locals(), save_inputs=None))
     cat = job.catalog
     if recorded.model_sha256 != cat.sha256:
         log.warning("the model changed since the search (sha256 %s... -> %s...)", recorded.model_sha256[:12], cat.sha256[:12])
