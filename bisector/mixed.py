@@ -50,7 +50,7 @@ def build_mixed_model(catalog: Catalog, plan: Plan | frozenset[str]) -> onnx.Mod
         for t in catalog.node_inputs(n.name):
             readers.setdefault(t, []).append(n)
 
-    made_fp16: set[str] = set()  # tensors whose `t__fp16` exists already
+    created: set[str] = set()  # names of the FP16 tensors that exist already (`t__fp16`, `t__fp16_param`)
     new_inits: list[onnx.TensorProto] = []
 
     def ensure_fp16(t: str, out_nodes: list[onnx.NodeProto], parameter: bool = False) -> str:
@@ -58,10 +58,9 @@ def build_mixed_model(catalog: Catalog, plan: Plan | frozenset[str]) -> onnx.Mod
         # A parameter that ONNX types as T (Clip bounds) is rounded like an activation, not clamped like a
         # weight: then min(x, round(b)) == round(min(x, b)) for FP16 x, which is what the emulation computes.
         name = f"{t}__fp16_param" if (parameter and is_weight) else fp16_name(t)
-        key = name
-        if key in made_fp16 or t in made_fp16 and name == fp16_name(t):
+        if name in created:
             return name
-        made_fp16.add(key if key != fp16_name(t) else t)
+        created.add(name)
         if is_weight:
             value = numpy_helper.to_array(weights[t]) if t in weights else _constant_array(constants[t])
             converted = round_activation(value).astype("float16") if parameter else convert_weight(value)
@@ -78,7 +77,7 @@ def build_mixed_model(catalog: Catalog, plan: Plan | frozenset[str]) -> onnx.Mod
                 # Shape/Size/Cast read any type: they take the FP16 tensor itself (same values, and no Cast back
                 # is needed just for them — what AutoCast does too).
                 for i, t in enumerate(node.input):
-                    if t and t in made_fp16 and catalog.producers.get(t) in fp16_nodes:
+                    if t and fp16_name(t) in created and catalog.producers.get(t) in fp16_nodes:
                         new.input[i] = fp16_name(t)
             emitted.append(new)
             graph.node.extend(emitted)
@@ -106,7 +105,7 @@ def build_mixed_model(catalog: Catalog, plan: Plan | frozenset[str]) -> onnx.Mod
                 new.output[i] = f"{t}__fp32_compute"
                 stored.append(helper.make_node("Cast", [new.output[i]], [fp16_name(t)], to=FLOAT16,
                                                name=f"{t}__store_fp16"))
-            made_fp16.add(t)
+            created.add(fp16_name(t))
             producer_outputs.append(t)
         emitted.append(new)
         emitted.extend(stored)
