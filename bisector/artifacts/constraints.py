@@ -45,6 +45,10 @@ class Constraints(BaseModel):
     timings: dict[str, float] = Field(default_factory=dict)
     outputs: dict[str, Any] = Field(default_factory=dict, description="per-output comparison of the final plan, "
                                     "on its worst input set")
+    headroom: Optional[float] = Field(None, description="1 - (worst error / tolerance) of the final set on the "
+                                      "backend that judged it; None when it does not pass")
+    machine: dict[str, str] = Field(default_factory=dict, description="CPU, instruction set and ONNX Runtime "
+                                    "version the verdicts were measured with")
     worst_input_set: int = Field(0, description="index of the input set on which the final plan is furthest from "
                                  "tolerance (a plan passes only if it passes on every set)")
 

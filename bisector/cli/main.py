@@ -1,4 +1,4 @@
-"""The `bisector` command line. Parses flags (Polygraphy spellings) and hands them to `session`/`search`.
+"""The `bisector` command line: flags (Polygraphy spellings) -> typed option groups -> the API -> printed results.
 
 Exit codes (DESIGN §9): 0 success, 1 accuracy failure, 2 usage/input/environment error, 3 backend failure.
 """

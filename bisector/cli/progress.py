@@ -26,7 +26,7 @@ from typing import Any, Callable, TextIO
 class SearchProgress:
     def __init__(
         self,
-        candidates: int,
+        candidates: int = 0,
         stream: TextIO | None = None,
         live: bool | None = None,
         max_evals: int | None = None,
@@ -56,6 +56,14 @@ class SearchProgress:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ---- the API's SearchObserver protocol ----------------------------------------------------------------------
+    def begin(self, candidates: int) -> None:
+        self.candidates = candidates
+        self.start()
+
+    def end(self) -> None:
         self.stop()
 
     def start(self) -> None:

@@ -9,7 +9,8 @@ from importlib.metadata import entry_points
 from typing import Any, Callable
 
 from bisector.errors import AccuracyFailure, UsageError
-from bisector.search.oracle import BudgetExhausted, Oracle, Verdict
+from bisector.search.judge import Verdict
+from bisector.search.oracle import BudgetExhausted, Oracle
 
 GROUP = "bisector.strategies"
 
@@ -92,10 +93,7 @@ def run_search(
     if unknown:
         raise UsageError(f"strategy {strategy_name!r} returned names that are not candidates: {sorted(unknown)}")
     verdict = oracle.evaluate(answer, count=False)
-    # 1-minimal is claimed only when proven by verdicts actually judged: every single removal was tried and
-    # failed. Strategy-agnostic, so a third-party plugin cannot claim it by accident.
-    minimal = verdict.passed and stop_reason is None and all(
-        (v := oracle.verdicts.get(answer - {n})) is not None and not v.passed for n in answer)
+    minimal = verdict.passed and stop_reason is None and not removable(oracle, answer, judge_missing=False)
     return SearchResult(
         fp32=answer,
         passed=verdict.passed,
@@ -106,6 +104,20 @@ def run_search(
         seconds=time.perf_counter() - t0,
         evaluations={"total": oracle.total, "new": oracle.new, "cached": oracle.cached},
     )
+
+
+def removable(oracle: Oracle, answer: frozenset[str], judge_missing: bool = True) -> list[str]:
+    """The nodes of `answer` whose single removal still passes (or was never judged), in candidate order.
+
+    1-minimal is claimed only when proven by verdicts actually judged: every single removal tried and failed.
+    Strategy-agnostic, so a third-party plugin cannot claim it by accident. `judge_missing`: judge removals the
+    search did not ask (verify --check-minimal); otherwise an unjudged removal counts as not proven."""
+    out = []
+    for n in (c for c in oracle.candidates if c in answer):
+        v = oracle.evaluate(answer - {n}, count=False) if judge_missing else oracle.verdicts.get(answer - {n})
+        if v is None or v.passed:
+            out.append(n)
+    return out
 
 
 def _search_from(strategy, start: frozenset[str], candidates, oracle: Oracle, hints: dict) -> frozenset[str]:

@@ -1,0 +1,22 @@
+"""The public API: what build scripts, notebooks and the CLI's commands call. `import bisector` re-exports it.
+
+    import bisector
+    result = bisector.precision("net.onnx", atol=1e-1, val_range={"x": (1, 2)}, output_dir="out")
+    result.fp32_nodes, result.passed, result.minimal, result.constraints.headroom
+"""
+
+from __future__ import annotations
+
+from bisector.app.batch import BatchConfig, BatchResult, ModelEntry, load_config, run_batch
+from bisector.app.evaluate import EvaluateResult, evaluate
+from bisector.app.inspect import inspect
+from bisector.app.options import BackendChoice, Cache, Inputs, Search, Tolerances
+from bisector.app.precision import PrecisionResult, precision
+from bisector.app.profile import ProfileResult, profile
+from bisector.app.verify import VerifyResult, verify
+
+__all__ = [
+    "precision", "verify", "evaluate", "profile", "inspect", "run_batch", "load_config",
+    "PrecisionResult", "VerifyResult", "EvaluateResult", "ProfileResult", "BatchConfig", "BatchResult", "ModelEntry",
+    "Inputs", "Tolerances", "BackendChoice", "Cache", "Search",
+]
