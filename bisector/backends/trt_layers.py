@@ -91,7 +91,7 @@ def match_layers(network, nodes, aliases=None):
             for j in range(last[0] + 1, i):
                 owners[j] = owner
         last = (i, owner)
-    layers = {}
+    layers: dict[str, list[int]] = {}
     for i, owner in enumerate(owners):
         if owner is not None:
             layers.setdefault(owner, []).append(i)

@@ -64,7 +64,7 @@ NetworkDefinitionCreationFlag = enum.IntEnum("NetworkDefinitionCreationFlag", ["
                                              start=0)
 TensorIOMode = enum.IntEnum("TensorIOMode", ["NONE", "INPUT", "OUTPUT"], start=0)
 
-_FROM_ONNX = {TensorProto.FLOAT: DataType.FLOAT, TensorProto.FLOAT16: DataType.HALF,
+_FROM_ONNX: dict[int, Any] = {TensorProto.FLOAT: DataType.FLOAT, TensorProto.FLOAT16: DataType.HALF,
               TensorProto.BFLOAT16: DataType.BF16, TensorProto.INT8: DataType.INT8, TensorProto.INT32: DataType.INT32,
               TensorProto.INT64: DataType.INT64, TensorProto.BOOL: DataType.BOOL, TensorProto.UINT8: DataType.UINT8}
 _FLOATS = (DataType.FLOAT, DataType.HALF, DataType.BF16)
@@ -259,8 +259,8 @@ class _RecordingModule(types.ModuleType):
 def recording_tensorrt() -> types.ModuleType:
     """The stand-in `tensorrt` module scripts see while they run on a recording network (TensorRT 10, weak typing)."""
     mod = _RecordingModule("tensorrt", "bisector's recording stand-in for TensorRT (no engines, no GPU)")
-    mod.__version__ = RECORDING_VERSION
-    mod.DataType = DataType
+    setattr(mod, "__version__", RECORDING_VERSION)
+    setattr(mod, "DataType", DataType)
     for alias, member in (("float32", "FLOAT"), ("float16", "HALF"), ("bfloat16", "BF16"), ("int8", "INT8"),
                           ("int32", "INT32"), ("int64", "INT64"), ("bool", "BOOL"), ("uint8", "UINT8"),
                           ("fp8", "FP8"), ("int4", "INT4"), ("fp4", "FP4")):
@@ -268,7 +268,7 @@ def recording_tensorrt() -> types.ModuleType:
     for cls in (LayerType, BuilderFlag, NetworkDefinitionCreationFlag, TensorIOMode, INetworkDefinition, ILayer,
                 ITensor, ILogger):
         setattr(mod, cls.__name__, cls)
-    mod.Logger = ILogger
+    setattr(mod, "Logger", ILogger)
     return mod
 
 
