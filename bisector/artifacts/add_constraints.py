@@ -31,6 +31,8 @@ if TYPE_CHECKING:  # pragma: no cover
 _TEMPLATE = '''\
 """Keep the layers of {count} ONNX node(s) of {model_name} in FP32 in a TensorRT 10 FP16 build (written by bisector {version}).
 
+{count_fp32} node(s) found by the search and {count_pinned} pinned node(s) (never lowered to FP16, so FP32 in the verified plan).
+
 Use with Polygraphy:
     polygraphy run {model_q} --trt --onnxrt --fp16 --precision-constraints obey --trt-npps add_constraints.py
 or call postprocess(network) yourself after parsing, then build with BuilderFlag.FP16 and
@@ -126,6 +128,8 @@ def render_add_constraints(fp32_nodes: Sequence[str], model_name: str, node_name
     pins = {n: str(why) for n, why in sorted((pinned or {}).items()) if n not in names}
     return _TEMPLATE.format(
         count=len(names) + len(pins),
+        count_fp32=len(names),
+        count_pinned=len(pins),
         model_name=_doc_safe(model_name),
         model_q=_doc_safe(shlex.quote(model_name)),
         version=__version__,
