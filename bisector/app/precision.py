@@ -16,6 +16,7 @@ from bisector.errors import UsageError
 from bisector.files import ensure_dir
 from bisector.budget import Budget
 from bisector.search.driver import SearchResult, run_search
+from bisector.search.executors import make_executor
 from bisector.search.judge import Verdict
 
 log = logging.getLogger("bisector")
@@ -86,6 +87,9 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
         journal = job.journal(resume=s.resume)
         observers = [f for f in (on_verdict, progress.on_verdict if progress is not None else None) if f]
         oracle = job.oracle(budget=budget, journal=journal, on_verdict=lambda v: [f(v) for f in observers])
+        executor = make_executor(Path(model), groups[Inputs], groups[Tolerances], groups[BackendChoice],
+                                 groups[Cache], job, s.workers, s.ray)
+        oracle.executor = executor
         if progress is not None:
             progress.begin(len(cat.candidates))
         try:
@@ -94,6 +98,9 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
         finally:
             if progress is not None:
                 progress.end()
+            if executor is not None:
+                executor.close()
+            oracle.executor = None
         extra_report, t_plot = "", 0.0
         if plot and output_dir is not None:
             if job.backend.name != "emulate":
@@ -115,6 +122,9 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
             t1 = time.perf_counter()
             paths = write_artifacts(Path(output_dir), cat, constraints, extra_report)
             timings["artifacts"] = time.perf_counter() - t1
+        if result.workers > 1:
+            log.info("%d new evaluation(s) in %d round(s) on %d workers", result.evaluations.get("new", 0),
+                     result.rounds, result.workers)
         if result.stop_reason:
             log.warning("search stopped early (%s): reporting the best passing set found so far", result.stop_reason)
         order = {n: i for i, n in enumerate(cat.candidates)}
