@@ -149,7 +149,7 @@ class Oracle:
                     if left < len(todo):
                         stop = BudgetExhausted(f"--max-evals {self.budget.max_evals} reached")
                         todo = todo[:max(0, left)]
-            started = [0]
+            started, base = [0], self.new
 
             def may_start() -> bool:
                 nonlocal stop
@@ -157,7 +157,7 @@ class Oracle:
                     started[0] += 1
                     return True
                 try:
-                    self.budget.check(self.new + started[0])
+                    self.budget.check(base + started[0])  # dispatched, finished or not
                 except BudgetExhausted as exc:
                     stop = stop or exc
                     return False

@@ -1,0 +1,233 @@
+"""Parallel evaluation (issue 16): executors behind the oracle; the journal, budget and memo stay in the driver."""
+
+from __future__ import annotations
+
+import pytest
+
+from bisector.budget import Budget, BudgetExhausted
+from bisector.errors import BackendFailure, UsageError
+from bisector.search.driver import run_search
+from bisector.search.executors import FailOn, InProcess, KillOnce, ProcessPool, SyntheticSpec, synthetic_verdict
+from bisector.search.judge import Verdict
+from bisector.search.oracle import Oracle
+
+from .conftest import SEED, planted_spec, PLANTED
+
+CANDS = [f"n{i}" for i in range(40)]
+CULPRITS = frozenset({"n3", "n17", "n30"})
+
+
+class DictJournal:
+    def __init__(self, preset: dict | None = None):
+        self.rows: dict[frozenset, Verdict] = dict(preset or {})
+        self.recorded: list[frozenset] = []
+
+    def lookup(self, plan):
+        v = self.rows.get(plan.fp32)
+        return None if v is None else Verdict.from_json(v.to_json())
+
+    def record(self, plan, verdict):
+        self.rows[plan.fp32] = verdict
+        self.recorded.append(plan.fp32)
+
+
+class Counting:
+    """An in-process evaluate that records what reached the executor."""
+
+    def __init__(self, culprits=CULPRITS):
+        self.culprits = culprits
+        self.asked: list[frozenset] = []
+
+    def __call__(self, fp32):
+        self.asked.append(frozenset(fp32))
+        return synthetic_verdict(fp32, self.culprits <= frozenset(fp32))
+
+
+def sequential(cands=CANDS, culprits=CULPRITS):
+    oracle = Oracle(None, cands, [], [], None, executor=InProcess(SyntheticSpec(culprits)))
+    return run_search(oracle, "auto"), oracle
+
+
+def test_batch_hint_goes_through_the_executor_and_counts_rounds():
+    base, base_oracle = sequential()
+    ev = Counting()
+    oracle = Oracle(None, CANDS, [], [], None, executor=InProcess(evaluate=ev, workers=4))
+    r = run_search(oracle, "auto")
+    assert r.fp32 == base.fp32 == CULPRITS and r.minimal
+    assert r.evaluations == base.evaluations
+    assert len(ev.asked) == len(set(ev.asked)) == r.evaluations["new"]  # memo: each plan sent once
+    assert r.workers == 4 and r.rounds < r.evaluations["new"]  # the removal checks share a round
+
+
+def test_memo_and_journal_answer_first_only_new_plans_are_sent():
+    known = frozenset(CANDS)
+    journal = DictJournal({known: Verdict.from_json(synthetic_verdict(known, True))})
+    ev = Counting()
+    oracle = Oracle(None, CANDS, [], [], None, journal=journal, executor=InProcess(evaluate=ev, workers=2))
+    sets = [known, known - {"n1"}, known - {"n3"}, known - {"n1"}]
+    verdicts = oracle.evaluate_many(sets)
+    assert [v.passed for v in verdicts] == [True, True, False, True]
+    assert ev.asked == [known - {"n1"}, known - {"n3"}]
+    assert oracle.cached == 1 and oracle.new == 2
+    assert journal.recorded == [known - {"n1"}, known - {"n3"}]
+    assert oracle.evaluate_many(sets) == verdicts and len(ev.asked) == 2  # all from memory now
+
+
+def test_a_batch_never_overshoots_max_evals():
+    ev = Counting()
+    journal = DictJournal()
+    oracle = Oracle(None, CANDS, [], [], None, journal=journal, budget=Budget(max_evals=3),
+                    executor=InProcess(evaluate=ev, workers=4))
+    sets = [frozenset(CANDS) - {f"n{i}"} for i in range(5)]
+    with pytest.raises(BudgetExhausted):
+        oracle.evaluate_many(sets)
+    assert oracle.new == 3 and ev.asked == sets[:3]  # the first ones in order, like a sequential run
+    assert journal.recorded == sets[:3]
+    with pytest.raises(BudgetExhausted):
+        oracle.evaluate_many(sets[3:])
+    assert oracle.evaluate_many(sets[:2])[0].passed  # known sets still answered
+
+
+def test_process_pool_same_answer_and_evaluations_as_sequential():
+    base, _ = sequential()
+    with ProcessPool(SyntheticSpec(CULPRITS, latency=0.01), 2) as pool:
+        oracle = Oracle(None, CANDS, [], [], None, executor=pool)
+        r = run_search(oracle, "auto")
+    assert r.fp32 == base.fp32 and r.minimal and r.evaluations == base.evaluations
+    assert [v.fp32 for v in oracle.history] == [v.fp32 for v in _history_of_sequential()]  # deterministic order
+
+
+def _history_of_sequential():
+    _, oracle = sequential()
+    return oracle.history
+
+
+def test_killed_worker_plan_is_retried_and_no_evaluation_is_lost(tmp_path):
+    base, base_oracle = sequential()
+    victim = CULPRITS - {"n17"}  # a removal check of the final set: asked inside a batch
+    assert victim in base_oracle.verdicts
+    marker = tmp_path / "killed"
+    journal = DictJournal()
+    with ProcessPool(KillOnce(SyntheticSpec(CULPRITS, latency=0.01), victim, marker), 2) as pool:
+        oracle = Oracle(None, CANDS, [], [], None, journal=journal, executor=pool)
+        r = run_search(oracle, "auto")
+        assert pool.retried == 1
+    assert marker.exists()  # a worker really died mid-evaluation
+    assert r.fp32 == base.fp32 and r.minimal and r.evaluations == base.evaluations
+    assert sorted(map(sorted, journal.recorded)) == sorted(map(sorted, base_oracle.verdicts))
+    assert not oracle.verdicts[victim].passed
+
+
+def test_worker_exception_is_a_backend_failure_not_a_verdict():
+    victim = frozenset(CANDS) - {"n0"}
+    with ProcessPool(FailOn(SyntheticSpec(CULPRITS), victim), 2) as pool:
+        oracle = Oracle(None, CANDS, [], [], None, executor=pool)
+        with pytest.raises(BackendFailure, match="injected backend failure") as info:
+            oracle.evaluate_many([victim, frozenset(CANDS) - {"n1"}])
+        assert info.value.exit_code == 3
+        assert victim not in oracle.verdicts
+        assert (frozenset(CANDS) - {"n1"}) in oracle.verdicts  # the other plan of the batch was recorded
+        assert oracle.evaluate(frozenset(CANDS)).passed  # the pool still works
+
+
+def test_start_from_batches_sets_together_with_start():
+    """_search_from's inner search asks sets without `start`; its batch hint must add `start` like `passes`."""
+    seen = []
+
+    class BatchOnly:
+        def search(self, candidates, passes, batch=None, **hints):
+            sets = [frozenset(candidates)]
+            seen.extend(sets)
+            assert batch(sets) == [passes(s) for s in sets]
+            return frozenset(candidates)
+
+    from bisector.search.driver import _search_from
+
+    ev = Counting()
+    oracle = Oracle(None, CANDS, [], [], None, executor=InProcess(evaluate=ev, workers=2))
+    start = frozenset({"n3"})
+    hints = {"batch": lambda sets: [v.passed for v in oracle.evaluate_many(list(sets))]}
+    _search_from(BatchOnly(), start, CANDS, oracle, hints)
+    assert all(start <= s for s in ev.asked)
+
+
+def test_options_check_workers_and_ray():
+    from bisector.app.options import Search
+
+    with pytest.raises(UsageError):
+        Search(workers=0)
+    with pytest.raises(UsageError):
+        Search(ray="nonsense")
+    assert Search(workers=2, ray="ray://head:10001").ray == "ray://head:10001"
+
+
+def test_precision_with_two_emulate_workers_equals_in_process(tmp_path):
+    from bisector.app.precision import precision
+
+    opts = dict(val_range=["x:[1,2]"], atol=["1e-1"], cache_dir=tmp_path / "c1")
+    one = precision(SEED, **opts)
+    two = precision(SEED, workers=2, **{**opts, "cache_dir": tmp_path / "c2"})
+    assert one.fp32_nodes == two.fp32_nodes == ["Add", "Sub"]
+    assert two.minimal and two.constraints.evaluations == one.constraints.evaluations
+
+
+def test_planted_with_workers_finds_the_planted_set(tmp_path):
+    from bisector.app.options import options_from_flags
+    from bisector.app.precision import precision
+
+    spec = planted_spec()
+    r = precision(PLANTED, workers=2, no_cache=True, **options_from_flags(spec["args"]))
+    assert r.fp32_nodes == sorted(spec["fp32_nodes"], key=r.fp32_nodes.index) and r.minimal
+
+
+# ---------------------------------------------------------------------------------------------------- Ray
+@pytest.fixture(scope="module")
+def ray_local():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    yield ray
+    ray.shutdown()
+
+
+def test_ray_pool_same_answer_as_sequential(ray_local):
+    from bisector.search.executors import RayPool
+
+    base, _ = sequential()
+    pool = RayPool(SyntheticSpec(CULPRITS, latency=0.01), 2)
+    try:
+        oracle = Oracle(None, CANDS, [], [], None, executor=pool)
+        r = run_search(oracle, "auto")
+    finally:
+        pool.close()
+    assert r.fp32 == base.fp32 and r.minimal and r.evaluations == base.evaluations
+
+
+def test_ray_killed_actor_plan_is_retried(ray_local, tmp_path):
+    from bisector.search.executors import RayPool
+
+    base, base_oracle = sequential()
+    victim = CULPRITS - {"n17"}
+    journal = DictJournal()
+    pool = RayPool(KillOnce(SyntheticSpec(CULPRITS, latency=0.01), victim, tmp_path / "killed"), 2)
+    try:
+        oracle = Oracle(None, CANDS, [], [], None, journal=journal, executor=pool)
+        r = run_search(oracle, "auto")
+        assert pool.retried == 1
+    finally:
+        pool.close()
+    assert (tmp_path / "killed").exists()
+    assert r.fp32 == base.fp32 and r.minimal and r.evaluations == base.evaluations
+    assert sorted(map(sorted, journal.recorded)) == sorted(map(sorted, base_oracle.verdicts))
+
+
+def test_ray_worker_exception_is_a_backend_failure(ray_local):
+    from bisector.search.executors import RayPool
+
+    victim = frozenset(CANDS)
+    pool = RayPool(FailOn(SyntheticSpec(CULPRITS), victim), 1)
+    try:
+        oracle = Oracle(None, CANDS, [], [], None, executor=pool)
+        with pytest.raises(BackendFailure, match="injected backend failure"):
+            oracle.evaluate(victim)
+    finally:
+        pool.close()
