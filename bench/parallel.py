@@ -128,7 +128,7 @@ def wall_check(n, k, ps, latency, strategy):
     print()
 
 
-def emulate_check(blocks, size, channels, workers):
+def emulate_check(blocks, size, channels, workers, repeats=1):
     import numpy as np
     import onnx
 
@@ -146,16 +146,49 @@ def emulate_check(blocks, size, channels, workers):
         opts = dict(atol=["1e-2"], rtol=["1e-2"], cache_dir=Path(tmp) / "cache", resume=False)
         precision(path, max_evals=1, **opts)  # golden into the cache, so both runs read it
         print(f"Emulate: {blocks} conv blocks of {channels} channels, input 1x3x{size}x{size}, one FP32 inference "
-              f"{t_fp32 * 1e3:.0f} ms; whole `precision` call (journal off: every plan judged):\n")
-        print("| workers | evaluations | rounds | wall s | answer = planted |")
-        print("|---|---|---|---|---|")
+              f"{t_fp32 * 1e3:.0f} ms; whole `precision` call (journal off: every plan judged; worker start-up "
+              f"included), runs interleaved, {repeats} of each; load average before: {_load()}\n")
+        print("| workers | evaluations | rounds | wall s (each run) | median s | answer = planted |")
+        print("|---|---|---|---|---|---|")
+        walls: dict[int, list[float]] = {w: [] for w in workers}
+        info: dict[int, tuple] = {}
+        for _ in range(repeats):
+            for w in workers:
+                rounds: list[int] = []
+                t0 = time.perf_counter()
+                r = precision(path, workers=w if w > 1 else None, **opts)
+                walls[w].append(time.perf_counter() - t0)
+                info[w] = (r.constraints.evaluations.new, sorted(r.fp32_nodes) == sorted(planted))
         for w in workers:
-            t0 = time.perf_counter()
-            r = precision(path, workers=w if w > 1 else None, **opts)
-            wall = time.perf_counter() - t0
-            ev = r.constraints.evaluations
-            print(f"| {w} | {ev.new} | {'-'} | {wall:.1f} | {sorted(r.fp32_nodes) == sorted(planted)} |")
+            ev, exact = info[w]
+            print(f"| {w} | {ev} | {_ROUNDS.get(w, '-')} | {', '.join(f'{x:.1f}' for x in walls[w])} | "
+                  f"{statistics.median(walls[w]):.1f} | {exact} |")
+        print(f"\nload average after: {_load()}")
     print()
+
+
+_ROUNDS: dict[int, int] = {}
+
+
+def _load() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "?"
+
+
+def _count_rounds() -> None:
+    """Record the rounds of each precision() search (the driver's result), keyed by its workers."""
+    import bisector.app.precision as P
+
+    real = P.run_search
+
+    def spy(*a, **kw):
+        r = real(*a, **kw)
+        _ROUNDS[r.workers] = r.rounds
+        return r
+
+    P.run_search = spy
 
 
 def main() -> None:
@@ -170,6 +203,7 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=16)
     ap.add_argument("--channels", type=int, default=64)
     ap.add_argument("--no-table", action="store_true")
+    ap.add_argument("--repeats", type=int, default=1)
     args = ap.parse_args()
     source = "this checkout"
     if args.strategies_from:
@@ -182,7 +216,8 @@ def main() -> None:
     if args.wall:
         wall_check(256, 4, [1, 2, 4, 8], args.latency, args.strategy)
     if args.emulate:
-        emulate_check(args.blocks, args.size, args.channels, [1, 2])
+        _count_rounds()
+        emulate_check(args.blocks, args.size, args.channels, [1, 2], args.repeats)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from bisector.errors import UsageError
 from bisector.files import ensure_dir
 from bisector.budget import Budget
 from bisector.search.driver import SearchResult, run_search
-from bisector.search.executors import make_executor
+from bisector.search.executors import open_job_spec, start_executor
 from bisector.search.judge import Verdict
 
 log = logging.getLogger("bisector")
@@ -68,7 +68,14 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
     if output_dir is not None:
         ensure_dir(Path(output_dir))  # fail on an unwritable -o before hours of search
     t0 = time.perf_counter()
-    job = build_job(Path(model), groups[Inputs], groups[Tolerances], groups[BackendChoice], groups[Cache])
+    # Workers start first: their imports (or Ray's set-up) overlap the golden run and the canary here.
+    executor = start_executor(groups[BackendChoice].backend, s.workers, s.ray)
+    try:
+        job = build_job(Path(model), groups[Inputs], groups[Tolerances], groups[BackendChoice], groups[Cache])
+    except BaseException:
+        if executor is not None:
+            executor.close()
+        raise
     journal = None
     try:
         t_setup = time.perf_counter() - t0
@@ -87,8 +94,9 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
         journal = job.journal(resume=s.resume)
         observers = [f for f in (on_verdict, progress.on_verdict if progress is not None else None) if f]
         oracle = job.oracle(budget=budget, journal=journal, on_verdict=lambda v: [f(v) for f in observers])
-        executor = make_executor(Path(model), groups[Inputs], groups[Tolerances], groups[BackendChoice],
-                                 groups[Cache], job, s.workers, s.ray)
+        if executor is not None:
+            open_job_spec(executor, Path(model), groups[Inputs], groups[Tolerances], groups[BackendChoice],
+                          groups[Cache], job)
         oracle.executor = executor
         if progress is not None:
             progress.begin(len(cat.candidates))
@@ -100,6 +108,7 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
                 progress.end()
             if executor is not None:
                 executor.close()
+                executor = None
             oracle.executor = None
         extra_report, t_plot = "", 0.0
         if plot and output_dir is not None:
@@ -131,6 +140,8 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
         return PrecisionResult(sorted(result.fp32, key=order.__getitem__), result.passed, result.minimal,
                                result.verdict, constraints, paths, result.stop_reason)
     finally:
+        if executor is not None:  # failed before the search
+            executor.close()
         job.close()
         if journal is not None:
             journal.close()

@@ -233,10 +233,29 @@ class InProcess(Executor):
         self._close()
 
 
-def _worker_main(conn, spec, env: dict[str, str], index: int) -> None:  # runs in the worker process
+PRELOAD = ["numpy", "onnx", "onnxruntime", "bisector.app.job", "bisector.search.judge",
+           "bisector.backends.emulate.backend"]
+
+
+def _worker_main(conn, env: dict[str, str], index: int) -> None:  # runs in the worker process
+    """Import the heavy modules (while the driver builds its own job), wait for the spec, open it, then judge
+    plans until told to stop. Nothing in the imports touches a GPU: CUDA_VISIBLE_DEVICES applies."""
     os.environ.update(env)
+    import importlib
+
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - opening the spec reports what is really missing
+            pass
     try:
-        evaluate, close = spec.open()
+        msg = conn.recv()
+    except (EOFError, OSError):
+        return
+    if msg is None:
+        return
+    try:
+        evaluate, close = msg[1].open()
     except BaseException as exc:  # noqa: BLE001 - reported to the driver, which raises it
         conn.send(("init-error", _describe(exc)))
         return
@@ -270,12 +289,17 @@ class _Slot:
 
 
 class ProcessPool(Executor):
-    """N worker processes on this machine (spawn), each with its own loaded job. See the module docstring."""
+    """N worker processes on this machine, each with its own loaded job. See the module docstring.
+
+    The processes start at once and import what a job needs; `spec` (here or later through `open`, when the
+    driver's own job is built) is sent to each. `context`: `forkserver` (default: the modules are imported once,
+    in the server, and every worker is forked from it; no CUDA is touched before a worker sets its
+    CUDA_VISIBLE_DEVICES) or `spawn`."""
 
     kind = "processes"
 
-    def __init__(self, spec: Spec, workers: int, envs: Sequence[dict[str, str]] | None = None,
-                 max_retries: int = 2, max_restarts: int = 2, context: str = "spawn"):
+    def __init__(self, spec: Spec | None, workers: int, envs: Sequence[dict[str, str]] | None = None,
+                 max_retries: int = 2, max_restarts: int = 2, context: str = "forkserver"):
         import multiprocessing
 
         if workers < 1:
@@ -285,6 +309,8 @@ class ProcessPool(Executor):
         self.max_retries = max_retries
         self.max_restarts = max_restarts
         self._ctx = multiprocessing.get_context(context)
+        if context == "forkserver":
+            self._ctx.set_forkserver_preload(PRELOAD)
         self._ids = itertools.count()
         self.retried = 0  # plans re-sent after their worker died
         self.slots = [_Slot(i, env=dict(envs[i]) if envs else {}) for i in range(workers)]
@@ -293,11 +319,28 @@ class ProcessPool(Executor):
 
     def _start(self, slot: _Slot) -> None:
         parent, child = self._ctx.Pipe()
-        p = self._ctx.Process(target=_worker_main, args=(child, self.spec, slot.env, slot.index),
+        p = self._ctx.Process(target=_worker_main, args=(child, slot.env, slot.index),
                               name=f"bisector-worker-{slot.index}", daemon=True)
         p.start()
         child.close()
         slot.process, slot.conn, slot.task, slot.dead = p, parent, None, False
+        if self.spec is not None:
+            self._send_spec(slot)
+
+    def _send_spec(self, slot: _Slot) -> None:
+        try:
+            slot.conn.send(("open", self.spec))
+        except (OSError, BrokenPipeError):
+            pass  # its death shows up in run()
+
+    def open(self, spec: Spec) -> None:
+        """Give the workers started without a spec what to open."""
+        if self.spec is not None:
+            raise RuntimeError("the pool already has a spec")
+        self.spec = spec
+        for s in self.slots:
+            if not s.dead:
+                self._send_spec(s)
 
     def pids(self) -> list[int | None]:
         return [s.process.pid if s.process is not None and not s.dead else None for s in self.slots]
@@ -466,7 +509,7 @@ class RayPool(Executor):
 
     kind = "ray"
 
-    def __init__(self, spec: Spec, workers: int | None = None, address: str = "auto", gpu: bool = False,
+    def __init__(self, spec: Spec | None, workers: int | None = None, address: str = "auto", gpu: bool = False,
                  cpus_per_worker: float = 1.0, max_retries: int = 2, max_restarts: int = 2):
         try:
             import ray
@@ -487,10 +530,17 @@ class RayPool(Executor):
         self.max_retries = max_retries
         self.max_restarts = max_restarts
         self.retried = 0
-        self.spec = spec
+        self.spec = None
         self._cls = ray.remote(num_gpus=1 if gpu else 0, num_cpus=cpus_per_worker, max_restarts=0)(_RayWorker)
-        self.actors = [self._cls.remote(spec) for _ in range(workers)]
+        self.actors: list[Any] = []
         self.restarts = [0] * workers
+        if spec is not None:
+            self.open(spec)
+
+    def open(self, spec: Spec) -> None:
+        """Start the actors, each opening `spec` (a Ray instance is set up before the driver's job is built)."""
+        self.spec = spec
+        self.actors = [self._cls.remote(spec) for _ in range(self.workers)]
 
     def pids(self) -> list[int]:
         return self._ray.get([a.pid.remote() for a in self.actors])
@@ -595,25 +645,29 @@ def worker_envs(backend: str, workers: int) -> tuple[list[dict[str, str]], int]:
     return [dict(env) for _ in range(workers)], threads
 
 
-def make_executor(model: Path, inputs: Any, tolerances: Any, backend: Any, cache: Any, job: Any,
-                  workers: int | None, ray: str | None) -> Executor | None:
-    """The executor `--workers`/`--ray` ask for (None: judge in-process, as always). `job`: the driver's own job,
-    whose inputs digest and golden outputs the workers are held to."""
-    gpu = backend.backend in GPU_BACKENDS
-    if ray is None and (workers is None or workers <= 1):
+def start_executor(backend: str, workers: int | None, ray: str | None) -> Executor | None:
+    """The executor `--workers`/`--ray` ask for, started before the driver builds its job (worker imports, Ray
+    set-up overlap the golden run); None: judge in-process, as always. Give it its spec with `open_job_spec`."""
+    gpu = backend in GPU_BACKENDS
+    if ray is not None:
+        return RayPool(None, workers, address=ray, gpu=gpu)
+    if workers is None or workers <= 1:
         return None
+    envs, _ = worker_envs(backend, workers)
+    return ProcessPool(None, workers, envs=envs)
+
+
+def open_job_spec(executor: Executor, model: Path, inputs: Any, tolerances: Any, backend: Any, cache: Any,
+                  job: Any) -> None:
+    """Hand a started executor the job to open in each worker: the model path and the typed option groups, held
+    to the driver's inputs digest and golden outputs."""
     spec = JobSpec(Path(model).resolve(), inputs, tolerances, backend, cache, golden=job.golden.outputs,
                    inputs_digest=job.inputs_info["digest"])
-    if ray is not None:
-        if ray != "local" and Path(model).stat().st_size < 1_500_000_000:
+    if isinstance(executor, RayPool):
+        if executor.address != "local" and Path(model).stat().st_size < 1_500_000_000:
             spec.model_bytes = Path(model).read_bytes()  # for nodes that cannot read the path
-        if not gpu:
-            spec.threads = 1
-        pool: Executor = RayPool(spec, workers, address=ray, gpu=gpu)
+        spec.threads = 1
     else:
-        assert workers is not None
-        envs, threads = worker_envs(backend.backend, workers)
-        spec.threads = threads
-        pool = ProcessPool(spec, workers, envs=envs)
-    log.info("judging plans on %d %s worker(s)", pool.workers, pool.kind)
-    return pool
+        _, spec.threads = worker_envs(backend.backend, executor.workers)
+    executor.open(spec)  # type: ignore[attr-defined]
+    log.info("judging plans on %d %s worker(s)", executor.workers, executor.kind)
