@@ -231,3 +231,36 @@ def test_ray_worker_exception_is_a_backend_failure(ray_local):
             oracle.evaluate(victim)
     finally:
         pool.close()
+
+
+def test_batch_runs_models_in_parallel_in_config_order(tmp_path, cache_dir):
+    from bisector.app.batch import load_config, run_batch
+    from bisector.cli.commands.batch import parse_args
+
+    config = tmp_path / "nightly.toml"
+    config.write_text(f"""
+[defaults]
+args = ["--fp16", "--cache-dir", "{cache_dir}", "--atol", "1e-1", "--val-range", "x:[1,2]"]
+output_dir = "out"
+parallel_models = 2
+
+[[model]]
+name = "a"
+path = "{SEED}"
+expect_fp32 = ["Add", "Sub"]
+
+[[model]]
+name = "b"
+path = "{SEED}"
+args = ["--no-resume"]
+
+[[model]]
+name = "bad"
+path = "{SEED}"
+args = ["--workers", "0"]
+""")
+    result = run_batch(load_config(config), parse_args)
+    assert [m.name for m in result.models] == ["a", "b", "bad"]
+    assert [m.exit_code for m in result.models] == [0, 0, 2]
+    assert result.models[1].fp32_nodes == ["Add", "Sub"]
+    assert (tmp_path / "out" / "a" / "constraints.json").exists()
