@@ -641,6 +641,9 @@ def worker_envs(backend: str, workers: int) -> tuple[list[dict[str, str]], int]:
         return [{"CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)]} for i in range(workers)], 0
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     threads = max(1, cores // workers)
+    override = os.environ.get("BISECTOR_WORKER_THREADS", "")
+    if override.isdigit() and int(override) > 0:  # e.g. the cores, when rounds often hold a single plan
+        threads = int(override)
     env = {"OMP_NUM_THREADS": str(threads)}
     return [dict(env) for _ in range(workers)], threads
 
