@@ -264,3 +264,30 @@ args = ["--workers", "0"]
     assert [m.exit_code for m in result.models] == [0, 0, 2]
     assert result.models[1].fp32_nodes == ["Add", "Sub"]
     assert (tmp_path / "out" / "a" / "constraints.json").exists()
+
+
+def test_emulate_worker_killed_mid_evaluation_loses_nothing(tmp_path):
+    """The real worker (build_job + judge on emulate) killed while judging a plan of the search's first batch."""
+    from bisector.app.job import open_job
+    from bisector.app.options import BackendChoice, Cache, Inputs, Tolerances
+    from bisector.search.executors import JobSpec
+
+    flags = dict(val_range=["x:[1,2]"], atol=["1e-1"])
+    job = open_job(SEED, cache_dir=tmp_path / "c", **flags)
+    base_oracle = job.oracle()
+    base = run_search(base_oracle, "auto")
+    batched = [s for s in base_oracle.verdicts if len(s) == len(base.fp32) - 1 and s < base.fp32]
+    assert batched  # the removal checks of the answer
+    spec = JobSpec(SEED, Inputs(val_range=["x:[1,2]"]), Tolerances(atol=["1e-1"]), BackendChoice(),
+                   Cache(cache_dir=tmp_path / "c"), golden=job.golden.outputs, inputs_digest=job.inputs_info["digest"])
+    journal = DictJournal()
+    with ProcessPool(KillOnce(spec, batched[0], tmp_path / "killed"), 2) as pool:
+        oracle = job.oracle(journal=journal)
+        oracle.executor = pool
+        r = run_search(oracle, "auto")
+        assert pool.retried == 1
+    job.close()
+    assert (tmp_path / "killed").exists()
+    assert r.fp32 == base.fp32 and r.minimal and r.evaluations == base.evaluations
+    assert {frozenset(s) for s in journal.recorded} == set(base_oracle.verdicts)
+    assert all(oracle.verdicts[s].passed == v.passed for s, v in base_oracle.verdicts.items())

@@ -241,6 +241,7 @@ def _worker_main(conn, env: dict[str, str], index: int) -> None:  # runs in the 
     """Import the heavy modules (while the driver builds its own job), wait for the spec, open it, then judge
     plans until told to stop. Nothing in the imports touches a GPU: CUDA_VISIBLE_DEVICES applies."""
     os.environ.update(env)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's: it stops the search and closes the pool
     import importlib
 
     for name in PRELOAD:
@@ -516,7 +517,8 @@ class RayPool(Executor):
         except ImportError:
             raise UsageError("--ray needs Ray: pip install 'bisector[ray]'") from None
         self._ray = ray
-        if not ray.is_initialized():
+        self._owns_ray = not ray.is_initialized()
+        if self._owns_ray:
             kw: dict[str, Any] = {"ignore_reinit_error": True, "log_to_driver": False}
             try:
                 ray.init(address=None if address == "local" else address, **kw)
@@ -617,6 +619,9 @@ class RayPool(Executor):
             except Exception:  # noqa: BLE001
                 pass
         self.actors = []
+        if self._owns_ray:  # the Ray connection (or local instance) this pool set up
+            self._ray.shutdown()
+            self._owns_ray = False
 
 
 # ---------------------------------------------------------------------------------------------------- choosing
