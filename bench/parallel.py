@@ -17,6 +17,7 @@ FP32 inference here) with and without `workers=2`.
 from __future__ import annotations
 
 import argparse
+import os
 import importlib.util
 import statistics
 import subprocess
@@ -128,7 +129,7 @@ def wall_check(n, k, ps, latency, strategy):
     print()
 
 
-def emulate_check(blocks, size, channels, workers, repeats=1):
+def emulate_check(blocks, size, channels, workers: list[str], repeats=1):
     import numpy as np
     import onnx
 
@@ -150,19 +151,22 @@ def emulate_check(blocks, size, channels, workers, repeats=1):
               f"included), runs interleaved, {repeats} of each; load average before: {_load()}\n")
         print("| workers | evaluations | rounds | wall s (each run) | median s | FP32 set | same set as 1 worker |")
         print("|---|---|---|---|---|---|---|")
-        walls: dict[int, list[float]] = {w: [] for w in workers}
-        info: dict[int, tuple] = {}
+        walls: dict[str, list[float]] = {w: [] for w in workers}
+        info: dict[str, tuple] = {}
         for _ in range(repeats):
-            for w in workers:
-                rounds: list[int] = []
+            for w in workers:  # "N" or "N:T" (T ORT threads per worker instead of cores / N)
+                n, _, threads = w.partition(":")
+                os.environ["BISECTOR_WORKER_THREADS"] = threads
                 t0 = time.perf_counter()
-                r = precision(path, workers=w if w > 1 else None, **opts)
+                r = precision(path, workers=int(n) if int(n) > 1 else None, **opts)
                 walls[w].append(time.perf_counter() - t0)
-                info[w] = (r.constraints.evaluations.new, r.fp32_nodes)
+                info[w] = (r.constraints.evaluations.new, r.fp32_nodes, _ROUNDS.get(int(n), "-"))
+        os.environ.pop("BISECTOR_WORKER_THREADS", None)
         for w in workers:
-            ev, fp32 = info[w]
+            ev, fp32, rounds = info[w]
             shown = "planted" if sorted(fp32) == sorted(planted) else f"{len(fp32)} nodes"
-            print(f"| {w} | {ev} | {_ROUNDS.get(w, '-')} | {', '.join(f'{x:.1f}' for x in walls[w])} | "
+            label = w if ":" not in w else f"{w.split(':')[0]} ({w.split(':')[1]} threads each)"
+            print(f"| {label} | {ev} | {rounds} | {', '.join(f'{x:.1f}' for x in walls[w])} | "
                   f"{statistics.median(walls[w]):.1f} | {shown} | {fp32 == info[workers[0]][1]} |")
         print(f"\nload average after: {_load()}")
     print()
@@ -205,6 +209,7 @@ def main() -> None:
     ap.add_argument("--channels", type=int, default=64)
     ap.add_argument("--no-table", action="store_true")
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--variants", default="1,2", help="emulate: worker counts to compare, N or N:threads")
     args = ap.parse_args()
     source = "this checkout"
     if args.strategies_from:
@@ -218,7 +223,7 @@ def main() -> None:
         wall_check(256, 4, [1, 2, 4, 8], args.latency, args.strategy)
     if args.emulate:
         _count_rounds()
-        emulate_check(args.blocks, args.size, args.channels, [1, 2], args.repeats)
+        emulate_check(args.blocks, args.size, args.channels, args.variants.split(","), args.repeats)
 
 
 if __name__ == "__main__":

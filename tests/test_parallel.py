@@ -291,3 +291,13 @@ def test_emulate_worker_killed_mid_evaluation_loses_nothing(tmp_path):
     assert r.fp32 == base.fp32 and r.minimal and r.evaluations == base.evaluations
     assert {frozenset(s) for s in journal.recorded} == set(base_oracle.verdicts)
     assert all(oracle.verdicts[s].passed == v.passed for s, v in base_oracle.verdicts.items())
+
+
+def test_precision_on_ray_actors_equals_in_process(ray_local, tmp_path):
+    from bisector.app.precision import precision
+
+    opts = dict(val_range=["x:[1,2]"], atol=["1e-1"], cache_dir=tmp_path / "c", resume=False)
+    one = precision(SEED, **opts)
+    on_ray = precision(SEED, ray="auto", workers=2, **opts)  # the test's Ray instance is reused
+    assert on_ray.fp32_nodes == one.fp32_nodes == ["Add", "Sub"] and on_ray.minimal
+    assert on_ray.constraints.evaluations == one.constraints.evaluations
