@@ -87,12 +87,14 @@ class Auto(GroupTesting):
         probes: int | None = None,
         swaps: int = 4,
         seed: int = 0,
+        cost_weight: float = 0.5,
     ) -> None:
         super().__init__(prior_decay, use_scores, power_of_two, smart_split, prior_power)
         self.diffuse_after = diffuse_after
         self.probes = probes
         self.swaps = swaps
         self.seed = seed
+        self.cost_weight = cost_weight
 
     # ------------------------------------------------------------------ search
     def search(
@@ -350,6 +352,7 @@ class Auto(GroupTesting):
         self._estimate(ask, n, len(found), diffuse=True, size=max(len(found), 1),
                        evaluations=len(ask.memo) + self._probe_count(n, scores) + 2 * int(math.log2(n) + 1)
                        + 2 * len(found))
+        weigh_costs = costs is not None and scores is not None  # probe estimates are too rough to trade off
         if scores is None:
             ask.phase = "probe"
             scores = self._probe(ask, cands, found, width)
@@ -359,8 +362,8 @@ class Auto(GroupTesting):
 
         def key(x: str) -> tuple:
             value = scores[x] - lo_s + 1e-9
-            if costs is not None:
-                value /= costs[x]
+            if weigh_costs:
+                value /= costs[x] ** self.cost_weight  # type: ignore[index]
             return (-value, idx[x])
 
         rank = list(found) + sorted((x for x in cands if x not in head), key=key)
@@ -392,7 +395,12 @@ class Auto(GroupTesting):
 
         # 3. shrink: least likely (per cost) first
         pos = {x: i for i, x in enumerate(rank)}
-        removal = sorted(prefix, key=lambda x: -pos[x])
+        if costs is None:
+            removal = sorted(prefix, key=lambda x: -pos[x])
+        else:  # the most expensive first among the lower-ranked half, then the rest from the bottom
+            bottom = sorted(prefix, key=lambda x: -pos[x])
+            half = bottom[: (len(bottom) + 1) // 2]
+            removal = sorted(half, key=lambda x: (-costs[x], -pos[x])) + bottom[len(half) :]
         # Only the lowest-ranked part of the prefix is worth trying one by one: every removal that passes after
         # a failed one makes that failed check stale, and the literal 1-minimality check re-asks the rest anyway.
         window = removal
