@@ -212,11 +212,9 @@ def diffuse(seeds: int, ns: Sequence[int]) -> None:
 def real_models() -> None:
     """The exported encoder and CNN at tight tolerances, through the real emulate oracle."""
     print("## Diffuse error on real models (emulate backend, tight tolerances)\n")
-    try:
-        from bisector.session import JobOptions, build_job
-    except ImportError as exc:  # the driver API moved: skip, say so
-        print(f"(skipped: {exc})\n")
-        return
+    from bisector.app.job import open_job
+    from bisector.app.options import options_from_flags
+
     root = Path(__file__).resolve().parent.parent / "fixtures" / "exported"
     enc = ["--val-range", "ids:[0,999]", "--val-range", "mask:[1,1]", "--input-shapes", "ids:[1,32]",
            "--input-shapes", "mask:[1,32]"]
@@ -229,13 +227,7 @@ def real_models() -> None:
     cases = []
     jobs = []
     for label, name, args in models:
-        opts = JobOptions(model=root / name, cache_dir=None, no_cache=True)
-        it = iter(args)
-        for flag in it:
-            value = next(it)
-            {"--val-range": opts.val_range, "--atol": opts.atol, "--rtol": opts.rtol,
-             "--input-shapes": opts.input_shapes}[flag].append(value)
-        job = build_job(opts)
+        job = open_job(root / name, no_cache=True, **options_from_flags(args))
         jobs.append(job)
         oracle = job.oracle()
         if not oracle.passes(frozenset(oracle.candidates)):
