@@ -104,13 +104,13 @@ def main() -> None:
     ap.add_argument("--block-size", type=int, default=None, help="executor block size (default: the backend's)")
     args = ap.parse_args()
 
-    from bisector.backends.emulate import EmulateBackend
-    from bisector.catalog import Catalog
+    from bisector.backends.emulate.backend import EmulateBackend
+    from bisector.model.catalog import Catalog
     from bisector.compare import Tolerance
-    from bisector.golden import run_reference_model
-    from bisector.oracle import Oracle
-    from bisector.plan import Plan
-    from bisector.search import run_search
+    from bisector.model.golden import run_reference_model
+    from bisector.search.oracle import Oracle
+    from bisector.fp16.plan import Plan
+    from bisector.search.driver import run_search
     from bisector.values import PerOutput
 
     model, planted = build_model(args.blocks, args.size, args.channels)

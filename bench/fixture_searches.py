@@ -20,8 +20,8 @@ STRATEGIES = ["auto", "greedy", "ddmin", "bisect", "linear"]
 
 
 def search(model: Path, args: list[str], strategy: str, scores: dict | None = None) -> dict:
-    from bisector.search import run_search
-    from bisector.session import JobOptions, build_job
+    from bisector.search.driver import run_search
+    from bisector.app.job import JobOptions, build_job
 
     opts = JobOptions(model=model, cache_dir=None, no_cache=True)
     it = iter(args)
@@ -40,8 +40,8 @@ def search(model: Path, args: list[str], strategy: str, scores: dict | None = No
 
 
 def profile_scores(model: Path, args: list[str]) -> tuple[dict, float]:
-    from bisector.profile import compute_scores
-    from bisector.session import JobOptions, build_job
+    from bisector.sensitivity import compute_scores
+    from bisector.app.job import JobOptions, build_job
 
     opts = JobOptions(model=model, no_cache=True)
     it = iter(args)

@@ -26,12 +26,12 @@ import onnxruntime as ort
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bisector.backends.emulate import EmulateBackend  # noqa: E402
-from bisector.catalog import Catalog  # noqa: E402
-from bisector.inputs import generate_inputs  # noqa: E402
-from bisector.plan import Plan  # noqa: E402
-from bisector.profile import compute_scores  # noqa: E402
-from bisector.session import JobOptions, parse_tolerance_options  # noqa: E402
+from bisector.backends.emulate.backend import EmulateBackend  # noqa: E402
+from bisector.model.catalog import Catalog  # noqa: E402
+from bisector.model.inputs import generate_inputs  # noqa: E402
+from bisector.fp16.plan import Plan  # noqa: E402
+from bisector.sensitivity import compute_scores  # noqa: E402
+from bisector.app.job import JobOptions, parse_tolerance_options  # noqa: E402
 from bisector.values import parse_input_shapes, parse_val_range  # noqa: E402
 
 

@@ -12,7 +12,7 @@ from typing import Mapping
 
 import numpy as np
 
-from .values import PerOutput
+from bisector.values import PerOutput
 
 EPSILON = 2.220446049250313e-16
 

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Generic, Iterable, TypeVar
 
-from .errors import UsageError
+from bisector.errors import UsageError
 
 T = TypeVar("T")
 

@@ -23,13 +23,13 @@ def cache_dir(tmp_path):
 def run_cli(*args, cwd=None, env=None) -> subprocess.CompletedProcess:
     """The CLI as a user runs it: a subprocess, exit code and both streams."""
     full_env = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "bisector.cli", *map(str, args)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "bisector.cli.main", *map(str, args)], capture_output=True, text=True,
                           cwd=cwd, env=full_env, timeout=600)
 
 
 def main_cli(*args) -> int:
     """The CLI in-process (fast); returns the exit code."""
-    from bisector.cli import main
+    from bisector.cli.main import main
 
     return main([str(a) for a in args])
 

@@ -136,7 +136,7 @@ def test_all_fp16_already_passing_reports_an_empty_set(tmp_path):
 
 
 def test_nothing_passes_even_all_fp32(tmp_path):
-    from bisector.polyjson import run_results_to_json
+    from bisector.model.polyjson import run_results_to_json
 
     wrong = tmp_path / "golden.json"
     wrong.write_text(run_results_to_json("elsewhere", [{"y": np.full((1, 1, 256, 256), 1e3, np.float32)}], [0.0]))
@@ -147,7 +147,7 @@ def test_nothing_passes_even_all_fp32(tmp_path):
 
 
 def test_disk_full_while_writing_artifacts_leaves_nothing_half_written(tmp_path, monkeypatch, capsys):
-    from bisector.artifacts import io as artifacts_io
+    from bisector import files as artifacts_io
 
     out = tmp_path / "o"
     assert main_cli("precision", SEED, *BASE, "--val-range", "x:[1,2]", "-o", out, "--cache-dir", tmp_path / "c") == 0

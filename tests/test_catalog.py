@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bisector.catalog import Catalog
+from bisector.model.catalog import Catalog
 
 from .conftest import FIXTURES
 

@@ -29,7 +29,7 @@ def test_precision_on_seed_finds_add_and_sub(tmp_path, cache_dir):
 
 def test_second_search_reads_golden_from_cache(tmp_path, cache_dir, monkeypatch):
     assert main_cli("precision", SEED, *SEED_ARGS, "-o", tmp_path / "a", "--cache-dir", cache_dir) == 0
-    from bisector import golden
+    from bisector.model import golden
 
     def no_reference_runs(*a, **k):
         raise AssertionError("golden must come from the cache")

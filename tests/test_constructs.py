@@ -16,12 +16,12 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from bisector.backends.emulate import EmulateBackend
-from bisector.catalog import Catalog
-from bisector.executor import NodeExecutor
-from bisector.inputs import generate_inputs
-from bisector.mixed import build_mixed_model
-from bisector.plan import Plan
+from bisector.backends.emulate.backend import EmulateBackend
+from bisector.model.catalog import Catalog
+from bisector.backends.emulate.executor import NodeExecutor
+from bisector.model.inputs import generate_inputs
+from bisector.fp16.mixed import build_mixed_model
+from bisector.fp16.plan import Plan
 from bisector.values import parse_input_shapes, parse_val_range
 
 from .conftest import FIXTURES, main_cli
@@ -171,8 +171,8 @@ def test_stale_value_info_is_ignored_with_a_warning(caplog):
 
 def test_model_beyond_the_protobuf_limit_loads_by_path_and_writes_external_data(tmp_path, monkeypatch):
     """A real 2 GB model is too slow for a unit test: the limit is lowered instead."""
-    from bisector import catalog as catalog_mod
-    from bisector import golden
+    from bisector.model import catalog as catalog_mod
+    from bisector.model import golden
 
     from bisector.artifacts import write
 
@@ -204,7 +204,7 @@ def test_model_beyond_the_protobuf_limit_loads_by_path_and_writes_external_data(
 
 
 def test_large_golden_outputs_are_spilled_to_disk(tmp_path, monkeypatch):
-    from bisector import golden
+    from bisector.model import golden
 
     monkeypatch.setenv(golden.SWAP_ENV, "0.0001")  # ~100 bytes: every output here is larger
     c, _ = search("shape_4098", tmp_path)

@@ -7,11 +7,11 @@ import json
 import numpy as np
 import pytest
 
-from bisector.backends.emulate import EmulateBackend
-from bisector.canary import run_canary
-from bisector.catalog import Catalog
+from bisector.backends.emulate.backend import EmulateBackend
+from bisector.backends.canary import run_canary
+from bisector.model.catalog import Catalog
 from bisector.errors import BackendFailure
-from bisector.plan import Plan
+from bisector.fp16.plan import Plan
 
 from .conftest import PLANTED, SEED, TESTVECTORS
 
@@ -104,8 +104,8 @@ def test_canary_refuses_a_backend_that_does_not_round():
 
 
 def test_canary_failure_is_exit_3(monkeypatch, tmp_path):
-    from bisector import session
-    from bisector.cli import main
+    from bisector.app import job as session
+    from bisector.cli.main import main
 
     monkeypatch.setattr(session, "backend_factory", lambda name, **kw: _SilentFP32)
     code = main(["precision", str(SEED), "--fp16", "--atol", "1e-1", "--val-range", "x:[1,2]",

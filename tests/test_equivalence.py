@@ -9,12 +9,12 @@ import json
 import numpy as np
 import pytest
 
-from bisector.backends.emulate import EmulateBackend
-from bisector.catalog import Catalog
-from bisector.executor import NodeExecutor
-from bisector.inputs import generate_inputs
-from bisector.mixed import build_mixed_model
-from bisector.plan import Plan
+from bisector.backends.emulate.backend import EmulateBackend
+from bisector.model.catalog import Catalog
+from bisector.backends.emulate.executor import NodeExecutor
+from bisector.model.inputs import generate_inputs
+from bisector.fp16.mixed import build_mixed_model
+from bisector.fp16.plan import Plan
 from bisector.values import parse_input_shapes, parse_val_range
 
 from .conftest import FIXTURES, TESTVECTORS

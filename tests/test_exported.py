@@ -10,11 +10,11 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from bisector.backends.emulate import EmulateBackend
-from bisector.catalog import Catalog
-from bisector.executor import NodeExecutor
-from bisector.inputs import generate_inputs
-from bisector.plan import Plan
+from bisector.backends.emulate.backend import EmulateBackend
+from bisector.model.catalog import Catalog
+from bisector.backends.emulate.executor import NodeExecutor
+from bisector.model.inputs import generate_inputs
+from bisector.fp16.plan import Plan
 
 from .conftest import FIXTURES, main_cli
 

@@ -32,7 +32,7 @@ def test_constructs_reproduce_committed_fixtures(tmp_path):
 def test_planted_set_is_the_unique_minimal_answer(tmp_path):
     """Under planted.json's flags: the planted set passes, and removing any planted node from *all-FP32* fails,
     so (for a monotone oracle) every passing set contains the planted set: it is the unique minimal answer."""
-    from bisector.session import JobOptions, build_job
+    from bisector.app.job import JobOptions, build_job
 
     spec = planted_spec()
     opts = JobOptions(model=PLANTED, no_cache=True)

@@ -30,7 +30,7 @@ def _journal_rows(cache_dir) -> int:
 
 def test_sigkill_then_resume_replays_from_journal(tmp_path, cache_dir):
     spec = planted_spec()
-    args = [sys.executable, "-m", "bisector.cli", "precision", str(PLANTED), "--fp16", *spec["args"],
+    args = [sys.executable, "-m", "bisector.cli.main", "precision", str(PLANTED), "--fp16", *spec["args"],
             "--strategy", "greedy", "-o", str(tmp_path / "killed"), "--cache-dir", str(cache_dir)]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
@@ -95,7 +95,7 @@ def test_verify_passes_fails_and_names_missing_nodes(tmp_path, cache_dir):
     data["fp32_nodes"] = ["Add", "Sub_renamed"]
     renamed = tmp_path / "renamed.json"
     renamed.write_text(json.dumps(data))
-    r = subprocess.run([sys.executable, "-m", "bisector.cli", "verify", str(SEED), "--constraints", str(renamed),
+    r = subprocess.run([sys.executable, "-m", "bisector.cli.main", "verify", str(SEED), "--constraints", str(renamed),
                         "--cache-dir", str(cache_dir)], capture_output=True, text=True)
     assert r.returncode == 1 and "Sub_renamed" in r.stdout and "no longer exist" in r.stdout
 
@@ -166,7 +166,7 @@ def test_several_input_sets_must_all_pass_and_the_worst_is_reported(tmp_path, ca
     on every set, so the second set alone decides the answer, and it is reported as the worst."""
     import numpy as np
 
-    from bisector.polyjson import inputs_to_json
+    from bisector.model.polyjson import inputs_to_json
 
     rng = np.random.default_rng(0)
     small = {"x": rng.uniform(0, 0.01, (1, 1, 256, 256)).astype(np.float32)}
@@ -201,7 +201,7 @@ def test_json_to_stdout_is_pure_json(tmp_path, cache_dir, command):
              "run": ["--fp32", "Add", "Sub"]}[command]
     args = [command, SEED, *(SEED_ARGS if command != "verify" else ["--fp16"]), *extra, "--json", "-",
             "--cache-dir", cache_dir]
-    r = subprocess.run([sys.executable, "-m", "bisector.cli", *map(str, args)], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "bisector.cli.main", *map(str, args)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["passed"] is True

@@ -13,11 +13,11 @@ import pytest
 
 from bisector.backends import backend_factory
 from bisector.backends.ort_cuda import CPU_EP, CUDA_EP, OrtCudaBackend
-from bisector.canary import canary_model, run_canary
-from bisector.catalog import Catalog
+from bisector.backends.canary import canary_model, run_canary
+from bisector.model.catalog import Catalog
 from bisector.errors import BackendFailure, UsageError
-from bisector.mixed import build_mixed_model
-from bisector.plan import Plan
+from bisector.fp16.mixed import build_mixed_model
+from bisector.fp16.plan import Plan
 
 from .conftest import SEED, main_cli
 

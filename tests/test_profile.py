@@ -10,7 +10,7 @@ import pytest
 
 from bisector.compare import Tolerance, compare_output
 from bisector.errors import UsageError
-from bisector.profile import SATURATED, compute_scores, judge, load_scores
+from bisector.sensitivity import SATURATED, compute_scores, judge, load_scores
 from bisector.values import PerOutput
 
 from .conftest import PLANTED, SEED, main_cli, planted_spec
@@ -91,7 +91,7 @@ def test_load_scores_round_trip_and_errors(planted_profile, tmp_path):
 
 
 def test_compute_scores_needs_the_emulate_backend():
-    from bisector.catalog import Catalog
+    from bisector.model.catalog import Catalog
 
     with pytest.raises(UsageError):
         compute_scores(Catalog.load(SEED), object(), [{}], Tolerance())

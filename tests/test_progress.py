@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass, field
 
-from bisector.progress import SearchProgress
+from bisector.cli.progress import SearchProgress
 
 
 @dataclass

@@ -21,9 +21,9 @@ from bisector.backends.tensorrt import (
     map_nodes_to_layers,
     plan_hash,
 )
-from bisector.catalog import Catalog
+from bisector.model.catalog import Catalog
 from bisector.errors import AccuracyFailure, BackendFailure, BuildFailure, UsageError
-from bisector.plan import Plan
+from bisector.fp16.plan import Plan
 
 try:
     from tests.fake_tensorrt import make_fake_cudart, make_fake_tensorrt

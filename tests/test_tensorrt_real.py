@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from bisector.backends.trt_import import tensorrt_rtx_version, tensorrt_version
-from bisector.catalog import Catalog
+from bisector.model.catalog import Catalog
 from bisector.errors import BackendFailure, BuildFailure
-from bisector.plan import Plan
+from bisector.fp16.plan import Plan
 
 try:
     from tests.test_tensorrt_backend import FEEDS, _model

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bisector.argv import expand_multi_value_flags
+from bisector.cli.argv import expand_multi_value_flags
 from bisector.errors import UsageError
 from bisector.values import (parse_error_stat, parse_input_shapes, parse_tolerance, parse_val_range, split_name)
 

@@ -95,7 +95,7 @@ def _literal_list(names: Sequence[str]) -> str:
 
 def render_add_constraints(fp32_nodes: Sequence[str], model_name: str) -> str:
     """The text of add_constraints.py for this FP32 set (names sorted; a literal list, never exec'd data)."""
-    from .. import __version__
+    from bisector import __version__
 
     names = sorted(set(fp32_nodes))
     return _TEMPLATE.format(

@@ -7,8 +7,8 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, Field
 
-from ..errors import UsageError
-from .io import write_text_atomic
+from bisector.errors import UsageError
+from bisector.files import write_text_atomic
 
 SCHEMA_VERSION = 1
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..catalog import Catalog
-from .constraints import Constraints
+from bisector.model.catalog import Catalog
+from bisector.artifacts.constraints import Constraints
 
 
 def render_report(catalog: Catalog, c: Constraints, strings: dict, extra: str = "") -> str:

@@ -10,14 +10,14 @@ from typing import Callable
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from .. import catalog as _catalog
-from ..catalog import Catalog
-from ..errors import UsageError
-from ..mixed import build_mixed_model
-from .add_constraints import layer_precision_strings, render_add_constraints
-from .constraints import Constraints
-from .io import ensure_dir, write_file_atomic, write_text_atomic
-from .report import render_report
+from bisector.model import catalog as _catalog
+from bisector.model.catalog import Catalog
+from bisector.errors import UsageError
+from bisector.fp16.mixed import build_mixed_model
+from bisector.artifacts.add_constraints import layer_precision_strings, render_add_constraints
+from bisector.artifacts.constraints import Constraints
+from bisector.files import ensure_dir, write_file_atomic, write_text_atomic
+from bisector.artifacts.report import render_report
 
 
 def write_artifacts(out_dir: Path, catalog: Catalog, constraints: Constraints, extra_report: str = "") -> dict[str, Path]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..errors import UsageError
-from .base import Backend
+from bisector.errors import UsageError
+from bisector.backends.base import Backend
 
 BACKENDS = ("emulate", "ort-cuda", "tensorrt", "tensorrt-rtx")
 
@@ -13,18 +13,18 @@ BACKENDS = ("emulate", "ort-cuda", "tensorrt", "tensorrt-rtx")
 def backend_factory(name: str, **options: Any) -> Callable[[], Backend]:
     """A zero-argument constructor for backend `name` (the canary builds a second instance of the same kind)."""
     if name == "emulate":
-        from .emulate import EmulateBackend
+        from bisector.backends.emulate.backend import EmulateBackend
 
         return lambda: EmulateBackend(**{k: v for k, v in options.items() if k in ("threads",)})
     if name == "ort-cuda":
-        from .ort_cuda import OrtCudaBackend, _import_ort
+        from bisector.backends.ort_cuda import OrtCudaBackend, _import_ort
 
         _import_ort(check_cuda=True)  # a missing provider is reported before golden outputs are computed
 
         return lambda: OrtCudaBackend(**{k: v for k, v in options.items() if k in ("device_id", "strict")})
     if name in ("tensorrt", "tensorrt-rtx"):
-        from .tensorrt import TensorRTBackend, TensorRTRTXBackend
-        from .trt_import import import_tensorrt, import_tensorrt_rtx
+        from bisector.backends.tensorrt import TensorRTBackend, TensorRTRTXBackend
+        from bisector.backends.trt_import import import_tensorrt, import_tensorrt_rtx
 
         (import_tensorrt_rtx if name == "tensorrt-rtx" else import_tensorrt)()  # fail early, exit 2, if absent
         cls = TensorRTRTXBackend if name == "tensorrt-rtx" else TensorRTBackend

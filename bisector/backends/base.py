@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Mapping, Protocol, Sequence
 import numpy as np
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..catalog import Catalog
-    from ..plan import Plan
+    from bisector.model.catalog import Catalog
+    from bisector.fp16.plan import Plan
 
 Feeds = Mapping[str, np.ndarray]
 

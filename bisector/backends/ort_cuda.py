@@ -35,13 +35,13 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from .. import __version__
-from ..errors import BackendFailure, BuildFailure, UsageError
-from ..mixed import build_mixed_model, fp16_name
-from ..plan import Plan
+from bisector import __version__
+from bisector.errors import BackendFailure, BuildFailure, UsageError
+from bisector.fp16.mixed import build_mixed_model, fp16_name
+from bisector.fp16.plan import Plan
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..catalog import Catalog
+    from bisector.model.catalog import Catalog
 
 log = logging.getLogger("bisector")
 
@@ -85,7 +85,7 @@ class OrtCudaBackend:
             self._probe_gpu()
 
     def canary(self) -> None:
-        from ..canary import run_canary
+        from bisector.backends.canary import run_canary
 
         run_canary(lambda: OrtCudaBackend(self.device_id, self.strict, graph_optimization=self.graph_optimization,
                                           providers=self._forced_providers))

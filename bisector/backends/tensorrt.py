@@ -32,10 +32,10 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 import numpy as np
 import onnx
 
-from .. import __version__
-from ..errors import BackendFailure, BuildFailure, UsageError
-from ..plan import Plan
-from .trt_import import (
+from bisector import __version__
+from bisector.errors import BackendFailure, BuildFailure, UsageError
+from bisector.fp16.plan import Plan
+from bisector.backends.trt_import import (
     import_cudart,
     import_tensorrt,
     import_tensorrt_rtx,
@@ -45,7 +45,7 @@ from .trt_import import (
 if TYPE_CHECKING:  # pragma: no cover - the real module is only imported lazily
     import tensorrt as trt
 
-    from ..catalog import Catalog
+    from bisector.model.catalog import Catalog
 
 PRECISION_CONSTRAINTS = ("obey", "prefer")
 MIN_STRONGLY_TYPED_10 = (10, 12)
@@ -300,7 +300,7 @@ class TensorRTBackend:
             self._weak.set_flags(config)
             serialized = self._engines.build(network, config, plan)
         else:
-            from ..mixed import build_mixed_model
+            from bisector.fp16.mixed import build_mixed_model
 
             model = build_mixed_model(self.catalog, plan)
             network, _parser = self._engines.parse(model.SerializeToString(), plan=plan)

@@ -14,7 +14,7 @@ import re
 from types import ModuleType
 from typing import Any
 
-from ..errors import UsageError
+from bisector.errors import UsageError
 
 TRT_INSTALL_HINT = (
     "TensorRT is not installed: pip install 'bisector[tensorrt]' (needs an NVIDIA GPU and driver)"

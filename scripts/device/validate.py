@@ -171,10 +171,10 @@ def environment() -> dict:
 
 def canary_checks() -> dict:
     from bisector.backends.ort_cuda import CPU_EP, OrtCudaBackend
-    from bisector.canary import canary_model, run_canary
-    from bisector.catalog import Catalog
-    from bisector.mixed import build_mixed_model
-    from bisector.plan import Plan
+    from bisector.backends.canary import canary_model, run_canary
+    from bisector.model.catalog import Catalog
+    from bisector.fp16.mixed import build_mixed_model
+    from bisector.fp16.plan import Plan
 
     res: dict = {}
     cat = Catalog.from_model(canary_model())
@@ -211,7 +211,7 @@ def search(case: dict, backend: str, work: Path) -> dict:
     d = work / case["name"] / backend
     d.mkdir(parents=True, exist_ok=True)
     jfile = d / "result.json"
-    cmd = [PY, "-m", "bisector.cli", "precision", str(case["model"]), "--fp16", *case["args"], "--backend", backend,
+    cmd = [PY, "-m", "bisector.cli.main", "precision", str(case["model"]), "--fp16", *case["args"], "--backend", backend,
            "-o", str(d / "out"), "--json", str(jfile), "--cache-dir", str(work / "cache")]
     t0 = time.perf_counter()
     # cwd outside the source tree: `python -m` would import ./bisector (without bisector.strategies) first
@@ -232,7 +232,7 @@ def search(case: dict, backend: str, work: Path) -> dict:
 
 
 def job_options(case: dict, backend: str, work: Path, **backend_options):
-    from bisector.session import JobOptions
+    from bisector.app.job import JobOptions
 
     o = JobOptions(model=Path(case["model"]), backend=backend, backend_options=backend_options,
                    cache_dir=work / "cache")
@@ -262,7 +262,7 @@ def verdict_json(v) -> dict:
 
 def cross_judge(case: dict, sets: dict[str, list[str]], work: Path) -> dict:
     """Judge each named FP32 set with both backends (same inputs, golden and tolerance as the CLI)."""
-    from bisector.session import build_job
+    from bisector.app.job import build_job
 
     res: dict = {"plans": {}}
     jobs = {}
@@ -280,7 +280,7 @@ def cross_judge(case: dict, sets: dict[str, list[str]], work: Path) -> dict:
                 v = job.oracle().evaluate(fs)
                 row[backend] = verdict_json(v)
             ob = jobs["ort-cuda"].backend
-            from bisector.plan import Plan
+            from bisector.fp16.plan import Plan
 
             info = getattr(ob, "cpu_fallback", {}).get(Plan(fs, cands).key(), {})
             row["ort_cpu_nodes"] = info.get("nodes", [])
@@ -299,7 +299,7 @@ def cross_judge(case: dict, sets: dict[str, list[str]], work: Path) -> dict:
 
 def divergence(ej, oj, fp32: frozenset) -> list[dict]:
     """Per node output (topological order): how far the GPU's tensor is from the emulation's, first input set."""
-    from bisector.plan import Plan
+    from bisector.fp16.plan import Plan
 
     cat = ej.catalog
     plan = Plan(fp32, cat.candidates)
@@ -381,8 +381,8 @@ print('CONTEXT' if ctx is not None else 'NO_CONTEXT')
 def trt_rtx(case: dict, sets: dict[str, list[str]], work: Path) -> dict:
     import onnx
 
-    from bisector.catalog import Catalog
-    from bisector.mixed import build_mixed_model
+    from bisector.model.catalog import Catalog
+    from bisector.fp16.mixed import build_mixed_model
 
     cat = Catalog.load(case["model"])
     res = {}

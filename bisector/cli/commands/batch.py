@@ -34,7 +34,7 @@ from typing import Annotated, Literal, Optional
 import typer
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ..cli_options import (
+from bisector.cli.options import (
     JsonOut,
     JunitOut,
     Verbose,
@@ -43,7 +43,7 @@ from ..cli_options import (
     setup_logging,
     write_json,
 )
-from ..errors import UsageError
+from bisector.errors import UsageError
 
 log = logging.getLogger("bisector")
 
@@ -110,8 +110,8 @@ def batch(
     from rich.console import Console
     from rich.table import Table
 
-    from ..cli import main as cli_main
-    from ..junit import Case, Suite
+    from bisector.cli.main import main as cli_main
+    from bisector.artifacts.junit import Case, Suite
 
     setup_logging(verbose)
     cfg = load_config(config)

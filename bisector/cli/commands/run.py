@@ -10,7 +10,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from ..cli_options import (
+from bisector.cli.options import (
     Atol,
     BackendOpt,
     CacheDir,
@@ -41,7 +41,7 @@ from ..cli_options import (
     setup_logging,
     write_json,
 )
-from ..errors import UsageError
+from bisector.errors import UsageError
 
 log = logging.getLogger("bisector")
 
@@ -78,12 +78,12 @@ def run(
     verbose: Verbose = False,
 ) -> None:
     """Evaluate one configuration against golden and print a Polygraphy-style comparison per output."""
-    from ..artifacts.constraints import Constraints
-    from ..artifacts.io import write_text_atomic
-    from ..plan import Plan
-    from ..polyjson import run_results_to_json
-    from ..report_text import first_divergence, format_comparison
-    from ..session import build_job
+    from bisector.artifacts.constraints import Constraints
+    from bisector.files import write_text_atomic
+    from bisector.fp16.plan import Plan
+    from bisector.model.polyjson import run_results_to_json
+    from bisector.artifacts.report_text import first_divergence, format_comparison
+    from bisector.app.job import build_job
 
     setup_logging(verbose)
     if mark_all and backend != "emulate":
@@ -101,7 +101,7 @@ def run(
         log.warning("already FP32 (pinned, not candidates): %s", pinned)
     plan = Plan(frozenset(n for n in wanted if n in cat.candidates), cat.candidates)
 
-    from ..compare import compare_outputs
+    from bisector.compare import compare_outputs
 
     say = human_output(json_out)
     report: dict[str, Any] = {"passed": True, "outputs": {}}

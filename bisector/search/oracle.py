@@ -10,13 +10,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
-from .backends.base import Backend
-from .budget import (
+from bisector.backends.base import Backend
+from bisector.budget import (
     BudgetExhausted,  # part of the strategy protocol: strategies let it propagate
 )
-from .compare import OutputComparison, Tolerance, compare_outputs
-from .plan import Plan
-from .polyjson import Feeds
+from bisector.compare import OutputComparison, Tolerance, compare_outputs
+from bisector.fp16.plan import Plan
+from bisector.model.polyjson import Feeds
 
 
 @dataclass

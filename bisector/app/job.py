@@ -12,17 +12,17 @@ from typing import Any
 
 import numpy as np
 
-from .backends import backend_factory
-from .backends.base import Backend
-from .canary import run_canary
-from .catalog import Catalog
-from .compare import Tolerance
-from .errors import UsageError
-from .golden import Golden, default_cache_dir, get_golden
-from .inputs import generate_inputs, inputs_digest, load_inputs, save_inputs
-from .oracle import Budget, Oracle
-from .polyjson import Feeds
-from .values import (
+from bisector.backends import backend_factory
+from bisector.backends.base import Backend
+from bisector.backends.canary import run_canary
+from bisector.model.catalog import Catalog
+from bisector.compare import Tolerance
+from bisector.errors import UsageError
+from bisector.model.golden import Golden, default_cache_dir, get_golden
+from bisector.model.inputs import generate_inputs, inputs_digest, load_inputs, save_inputs
+from bisector.search.oracle import Budget, Oracle
+from bisector.model.polyjson import Feeds
+from bisector.values import (
     parse_error_stat,
     parse_input_shapes,
     parse_tolerance,
@@ -67,8 +67,8 @@ class Job:
         """The SQLite journal for this job's key, or None when caching is off (--no-cache)."""
         if self.cache_dir is None:
             return None
-        from . import __version__
-        from .journal import SqliteJournal
+        from bisector import __version__
+        from bisector.search.journal import SqliteJournal
 
         description = {
             "model_sha256": self.catalog.sha256, "inputs": self.inputs_info["digest"],

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from .catalog import Catalog
-from .compare import OutputComparison, histogram
+from bisector.model.catalog import Catalog
+from bisector.compare import OutputComparison, histogram
 
 
 def _stats(s: Mapping[str, float]) -> str:

@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..cli_options import (
+from bisector.cli.options import (
     Atol,
     BackendOpt,
     CacheDir,
@@ -76,9 +76,9 @@ def verify(
     verbose: Verbose = False,
 ) -> None:
     """Check a recorded FP32 set: exit 0 if it still passes, 1 if it fails or names nodes the model lost."""
-    from ..artifacts.constraints import Constraints
-    from ..junit import Suite
-    from ..session import build_job
+    from bisector.artifacts.constraints import Constraints
+    from bisector.artifacts.junit import Suite
+    from bisector.app.job import build_job
 
     setup_logging(verbose)
     recorded = Constraints.read(constraints)
@@ -132,7 +132,7 @@ def verify(
         suite = Suite()
         suite.add_outputs(cat.path.name, summary["outputs"])
         if missing:
-            from ..junit import Case
+            from bisector.artifacts.junit import Case
 
             suite.cases.append(Case(cat.path.name, "constraints-nodes", False, f"nodes missing from the model: {missing}"))
         suite.write(junit)

@@ -16,8 +16,8 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto
 
-from .errors import UsageError
-from .optable import (
+from bisector.errors import UsageError
+from bisector.model.optable import (
     NEVER_CANDIDATES,
     is_parameter_input,
     model_opset,

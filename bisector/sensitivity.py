@@ -39,11 +39,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from .catalog import Catalog
-from .compare import EPSILON, Tolerance, compare_output
-from .errors import UsageError
-from .executor import Overlay
-from .fp16 import round_weight
+from bisector.model.catalog import Catalog
+from bisector.compare import EPSILON, Tolerance, compare_output
+from bisector.errors import UsageError
+from bisector.backends.emulate.executor import Overlay
+from bisector.fp16.rules import round_weight
 
 SCHEMA_VERSION = 1
 SATURATED = 1e9  # scores at or above this: an inf/NaN appeared where FP32 is finite
@@ -361,7 +361,7 @@ def _jsonable(value: Any) -> Any:
 
 
 def write_profile(path: Path, nodes: Sequence[dict], meta: Mapping[str, Any] | None = None) -> Path:
-    from .artifacts.io import write_text_atomic
+    from bisector.files import write_text_atomic
 
     path = Path(path)
     write_text_atomic(path, json.dumps(profile_document(nodes, meta), indent=2, allow_nan=False) + "\n")

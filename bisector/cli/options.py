@@ -46,7 +46,7 @@ _TRT_FLAGS = ("precision_constraints", "strongly_typed", "load_timing_cache", "s
 def job_options(flags: Mapping[str, Any], **overrides: Any):
     """JobOptions from a command's flag values, picked by parameter name (commands pass `locals()`), so the
     shared input/tolerance/backend flags are mapped in one place instead of a long positional call per command."""
-    from .session import JobOptions
+    from bisector.app.job import JobOptions
 
     f = {**flags, **overrides}
     backend_opts = f.get("backend_options")
@@ -64,7 +64,7 @@ def job_options(flags: Mapping[str, Any], **overrides: Any):
 
 def strategy_help() -> str:
     try:
-        from .search import available_strategies
+        from bisector.search.driver import available_strategies
 
         names = ", ".join(sorted(available_strategies()))
     except Exception:  # help text must never fail
@@ -101,8 +101,8 @@ def backend_options(input_shapes, precision_constraints="obey", strongly_typed=F
                     save_timing_cache=None, builder_optimization_level=None, tactic_sources=None,
                     save_engines=None) -> dict:
     """Backend keyword options from flags; each backend takes the ones it knows (see backends/__init__.py)."""
-    from .errors import UsageError
-    from .values import parse_input_shapes
+    from bisector.errors import UsageError
+    from bisector.values import parse_input_shapes
 
     if precision_constraints not in ("obey", "prefer"):
         raise UsageError(f"--precision-constraints {precision_constraints!r}: choose obey or prefer")
@@ -124,7 +124,7 @@ def write_json(json_out, text: str) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
     else:
-        from .artifacts.io import write_text_atomic
+        from bisector.files import write_text_atomic
 
         write_text_atomic(json_out, text)
 

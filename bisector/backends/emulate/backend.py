@@ -15,12 +15,12 @@ from typing import Mapping, Sequence
 import numpy as np
 import onnxruntime as ort
 
-from .. import __version__
-from ..catalog import Catalog
-from ..executor import NodeExecutor, Overlay, feeds_digest
-from ..fp16 import round_activation, round_weight
-from ..optable import PRESERVES_FP16
-from ..plan import Plan
+from bisector import __version__
+from bisector.model.catalog import Catalog
+from bisector.backends.emulate.executor import NodeExecutor, Overlay, feeds_digest
+from bisector.fp16.rules import round_activation, round_weight
+from bisector.model.optable import PRESERVES_FP16
+from bisector.fp16.plan import Plan
 
 
 class EmulateBackend:

@@ -18,12 +18,12 @@ from typing import Sequence
 import numpy as np
 import onnxruntime as ort
 
-from . import catalog as _catalog
-from .artifacts.io import write_file_atomic
-from .catalog import Catalog
-from .errors import UsageError
-from .inputs import inputs_digest
-from .polyjson import Feeds, load_run_results
+from bisector.model import catalog as _catalog
+from bisector.files import write_file_atomic
+from bisector.model.catalog import Catalog
+from bisector.errors import UsageError
+from bisector.model.inputs import inputs_digest
+from bisector.model.polyjson import Feeds, load_run_results
 
 log = logging.getLogger("bisector")
 GOLDEN_FORMAT = "golden-v1"
@@ -124,7 +124,7 @@ def run_reference_model(catalog: Catalog, feeds_list: Sequence[Feeds]) -> list[F
 
 def _dynamic_hint(catalog: Catalog, feeds: Feeds) -> str:
     """When dynamic dimensions were set to 1 by default, say so: that is the usual reason a model cannot run."""
-    from .inputs import input_metas
+    from bisector.model.inputs import input_metas
 
     dynamic = [f"{m.name}{list(m.shape)}" for m in input_metas(catalog)
                if m.shape is not None and any(not (isinstance(d, int) and d > 0) for d in m.shape)]

@@ -6,7 +6,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .artifacts.io import write_bytes_atomic
+from bisector.files import write_bytes_atomic
 
 
 @dataclass

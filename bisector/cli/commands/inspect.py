@@ -8,7 +8,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from ..cli_options import JsonOut, Model, Verbose, setup_logging
+from bisector.cli.options import JsonOut, Model, Verbose, setup_logging
 
 SCHEMA_VERSION = 1
 
@@ -17,8 +17,8 @@ def inspect(model: Model, json_out: JsonOut = None, verbose: Verbose = False) ->
     """List candidates and pinned nodes (with reasons), the op histogram, graph inputs and outputs with shapes
     and dtypes, and the TensorRT layer name each node will have. `--json FILE` (or `--json -` for stdout
     only) writes the same as JSON."""
-    from ..artifacts.io import write_text_atomic
-    from ..catalog import Catalog
+    from bisector.files import write_text_atomic
+    from bisector.model.catalog import Catalog
 
     setup_logging(verbose)
     cat = Catalog.load(model)

@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..cli_options import (
+from bisector.cli.options import (
     Atol,
     CacheDir,
     ErrorQuantile,
@@ -32,7 +32,7 @@ from ..cli_options import (
     job_options,
     setup_logging,
 )
-from ..errors import UsageError
+from bisector.errors import UsageError
 
 log = logging.getLogger("bisector")
 
@@ -68,12 +68,12 @@ def profile(
     A node's score is the larger of its local error (it alone runs FP16 on golden FP32 inputs) and the error
     of its consumers running FP32 on its FP16 output, in units of the tolerance (> 1: that tensor alone would
     fail the check). Needs the emulate backend."""
-    from ..artifacts.constraints import Constraints
-    from ..artifacts.io import ensure_dir, write_text_atomic
-    from ..compare import compare_outputs
-    from ..plan import Plan
-    from ..profile import compute_scores, profile_document, write_profile
-    from ..session import build_job
+    from bisector.artifacts.constraints import Constraints
+    from bisector.files import ensure_dir, write_text_atomic
+    from bisector.compare import compare_outputs
+    from bisector.fp16.plan import Plan
+    from bisector.sensitivity import compute_scores, profile_document, write_profile
+    from bisector.app.job import build_job
 
     setup_logging(verbose)
     if top < 0:
@@ -126,7 +126,7 @@ def profile(
     json_path = write_profile(out / "profile.json", nodes, meta)
     png_path = None
     if png:
-        from ..artifacts.plot import render_profile_png
+        from bisector.artifacts.plot import render_profile_png
 
         png_path = render_profile_png(
             nodes, highlight, out / "profile.png", output_errors,

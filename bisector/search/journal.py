@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .compare import OutputComparison
-from .errors import UsageError
-from .oracle import Verdict
-from .plan import Plan
+from bisector.compare import OutputComparison
+from bisector.errors import UsageError
+from bisector.search.oracle import Verdict
+from bisector.fp16.plan import Plan
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS evaluations (

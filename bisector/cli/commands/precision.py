@@ -9,8 +9,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from .. import __version__
-from ..cli_options import (
+from bisector import __version__
+from bisector.cli.options import (
     Atol,
     BackendOpt,
     CacheDir,
@@ -43,7 +43,7 @@ from ..cli_options import (
     strategy_help,
     write_json,
 )
-from ..errors import UsageError
+from bisector.errors import UsageError
 
 log = logging.getLogger("bisector")
 
@@ -88,15 +88,15 @@ def precision(
 ) -> None:
     """Search the minimal set of nodes to keep in FP32 and write constraints.json, add_constraints.py,
     model.mixed.onnx, layer-precision strings and report.md."""
-    from ..artifacts.constraints import Constraints, Evaluations, Golden
-    from ..artifacts.io import ensure_dir
-    from ..artifacts.write import write_artifacts
-    from ..junit import Suite
-    from ..oracle import Budget
-    from ..profile import load_scores
-    from ..progress import SearchProgress
-    from ..search import run_search
-    from ..session import build_job
+    from bisector.artifacts.constraints import Constraints, Evaluations, Golden
+    from bisector.files import ensure_dir
+    from bisector.artifacts.write import write_artifacts
+    from bisector.artifacts.junit import Suite
+    from bisector.search.oracle import Budget
+    from bisector.sensitivity import load_scores
+    from bisector.cli.progress import SearchProgress
+    from bisector.search.driver import run_search
+    from bisector.app.job import build_job
 
     setup_logging(verbose)
     if direction not in (None, "forward", "reverse"):
@@ -183,7 +183,7 @@ def precision(
 
 
 def _profile(job) -> list[dict]:
-    from ..profile import compute_scores
+    from bisector.sensitivity import compute_scores
 
     if job.backend.name != "emulate":
         raise UsageError("--scores profile needs --backend emulate; run `bisector profile` and pass its profile.json")
@@ -194,10 +194,10 @@ def _write_profile_artifacts(job, output_dir: Path, fp32: frozenset[str], nodes:
     """profile.json + profile.png next to the other artifacts; returns the report section that shows them."""
     import numpy as np
 
-    from ..artifacts.plot import render_profile_png
-    from ..compare import compare_outputs
-    from ..plan import Plan
-    from ..profile import write_profile
+    from bisector.artifacts.plot import render_profile_png
+    from bisector.compare import compare_outputs
+    from bisector.fp16.plan import Plan
+    from bisector.sensitivity import write_profile
 
     nodes = nodes if nodes is not None else _profile(job)
     plan = Plan(frozenset(fp32), job.catalog.candidates)

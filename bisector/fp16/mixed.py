@@ -17,10 +17,10 @@ import copy
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .catalog import Catalog
-from .fp16 import convert_weight, round_activation
-from .optable import _schema
-from .plan import Plan
+from bisector.model.catalog import Catalog
+from bisector.fp16.rules import convert_weight, round_activation
+from bisector.model.optable import _schema
+from bisector.fp16.plan import Plan
 
 FLOAT, FLOAT16 = TensorProto.FLOAT, TensorProto.FLOAT16
 _ANY_TYPE_READERS = frozenset({"Shape", "Size", "Cast", "CastLike"})
@@ -195,7 +195,7 @@ def _reads_fp16(catalog: Catalog, reader: onnx.NodeProto, t: str) -> bool:
 
 
 def _constant_array(node: onnx.NodeProto):
-    from .executor import _constant_value
+    from bisector.backends.emulate.executor import _constant_value
 
     return _constant_value(node)
 

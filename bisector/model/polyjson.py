@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .errors import UsageError
+from bisector.errors import UsageError
 
 Feeds = dict[str, np.ndarray]
 

@@ -14,9 +14,9 @@ from typing import Sequence
 import numpy as np
 from onnx import helper
 
-from .catalog import Catalog
-from .errors import UsageError
-from .polyjson import Feeds, inputs_to_json, load_inputs_json
+from bisector.model.catalog import Catalog
+from bisector.errors import UsageError
+from bisector.model.polyjson import Feeds, inputs_to_json, load_inputs_json
 
 log = logging.getLogger("bisector")
 
@@ -147,7 +147,7 @@ def check_feeds(catalog: Catalog, feeds: Feeds, where: str) -> None:
 
 
 def save_inputs(path: Path, feeds_list: Sequence[Feeds]) -> None:
-    from .artifacts.io import write_bytes_atomic
+    from bisector.files import write_bytes_atomic
 
     path = Path(path)
     if path.suffix == ".npz":
@@ -163,7 +163,7 @@ def save_inputs(path: Path, feeds_list: Sequence[Feeds]) -> None:
 
 
 def inputs_digest(feeds_list: Sequence[Feeds]) -> str:
-    from .executor import feeds_digest
+    from bisector.backends.emulate.executor import feeds_digest
 
     h = hashlib.sha256()
     for feeds in feeds_list:

@@ -14,12 +14,12 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from .backends.base import Backend
-from .catalog import Catalog
-from .compare import Tolerance, compare_outputs
-from .errors import BackendFailure
-from .plan import Plan
-from .values import PerOutput
+from bisector.backends.base import Backend
+from bisector.model.catalog import Catalog
+from bisector.compare import Tolerance, compare_outputs
+from bisector.errors import BackendFailure
+from bisector.fp16.plan import Plan
+from bisector.values import PerOutput
 
 
 def canary_model() -> onnx.ModelProto:

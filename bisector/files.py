@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import BinaryIO, Callable
 
-from ..errors import UsageError
+from bisector.errors import UsageError
 
 
 def ensure_dir(path: Path) -> Path:

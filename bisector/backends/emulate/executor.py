@@ -23,8 +23,8 @@ import onnx
 import onnxruntime as ort
 from onnx import helper
 
-from .catalog import Catalog
-from .errors import BackendFailure
+from bisector.model.catalog import Catalog
+from bisector.errors import BackendFailure
 
 # Tensors of these ONNX element types are what FP16 storage changes.
 _NP_TO_ONNX = {np.dtype(k): v for k, v in {
@@ -349,7 +349,7 @@ def _unfusable(catalog: Catalog, node: onnx.NodeProto) -> bool:
 
 
 def _round_fp16(v: np.ndarray) -> np.ndarray:
-    from .fp16 import round_activation
+    from bisector.fp16.rules import round_activation
 
     return round_activation(v) if v.dtype == np.float32 else v
 

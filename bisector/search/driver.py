@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, Callable
 
-from .errors import AccuracyFailure, UsageError
-from .oracle import BudgetExhausted, Oracle, Verdict
+from bisector.errors import AccuracyFailure, UsageError
+from bisector.search.oracle import BudgetExhausted, Oracle, Verdict
 
 GROUP = "bisector.strategies"
 

@@ -9,9 +9,9 @@ import sys
 
 import typer
 
-from . import __version__
-from .argv import expand_multi_value_flags
-from .errors import BisectorError
+from bisector import __version__
+from bisector.cli.argv import expand_multi_value_flags
+from bisector.errors import BisectorError
 
 app = typer.Typer(
     add_completion=False,
@@ -21,12 +21,12 @@ app = typer.Typer(
     "Exit codes: 0 success, 1 accuracy failure, 2 usage/input/environment error, 3 backend failure.",
 )
 
-from .commands.batch import batch
-from .commands.inspect import inspect
-from .commands.precision import precision
-from .commands.profile import profile
-from .commands.run import run
-from .commands.verify import verify
+from bisector.cli.commands.batch import batch
+from bisector.cli.commands.inspect import inspect
+from bisector.cli.commands.precision import precision
+from bisector.cli.commands.profile import profile
+from bisector.cli.commands.run import run
+from bisector.cli.commands.verify import verify
 
 app.command()(inspect)
 app.command()(precision)

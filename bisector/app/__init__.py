@@ -1,0 +1,1 @@
+"""The application: a Python API (precision, verify, evaluate, profile) under the thin CLI commands."""

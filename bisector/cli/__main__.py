@@ -1,0 +1,5 @@
+import sys
+
+from bisector.cli.main import main
+
+sys.exit(main())

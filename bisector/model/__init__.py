@@ -1,0 +1,1 @@
+"""The model side: catalog (nodes, candidates, pinned), inputs, golden outputs, Polygraphy file formats."""
