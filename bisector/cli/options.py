@@ -28,6 +28,7 @@ CacheDir = Annotated[Optional[Path], typer.Option("--cache-dir", help="Cache for
 NoCache = Annotated[bool, typer.Option("--no-cache", help="Neither read nor write the golden cache.")]
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging and tracebacks.")]
 # TensorRT backends (ignored by emulate / ort-cuda)
+Fp16Arithmetic = Annotated[str, typer.Option("--fp16-arithmetic", help="emulate: storage (default; DESIGN §4: FP16 tensors, FP32 math inside a layer) or gpu (also the FP16 bias epilogue of ORT-CUDA Conv/Gemm, measured in issue 19).")]
 PrecisionConstraints = Annotated[str, typer.Option("--precision-constraints", help="TensorRT 10 weak typing: obey (default) or prefer.")]
 StronglyTyped = Annotated[bool, typer.Option("--strongly-typed", help="TensorRT >= 10.12: build strongly typed from the mixed-precision ONNX.")]
 LoadTimingCache = Annotated[Optional[Path], typer.Option("--load-timing-cache", help="TensorRT timing cache to start from.")]
@@ -39,7 +40,7 @@ JunitOut = Annotated[Optional[Path], typer.Option("--junit", help="Write JUnit X
 JsonOut = Annotated[Optional[Path], typer.Option("--json", help="Write a machine-readable summary here (`-`: to stdout, which then holds nothing else).")]
 
 
-_TRT_FLAGS = ("precision_constraints", "strongly_typed", "load_timing_cache", "save_timing_cache",
+_TRT_FLAGS = ("fp16_arithmetic", "precision_constraints", "strongly_typed", "load_timing_cache", "save_timing_cache",
               "builder_optimization_level", "tactic_sources", "save_engines")
 
 
@@ -97,7 +98,7 @@ class _StderrHandler(logging.StreamHandler):
 
 
 
-def backend_options(input_shapes, precision_constraints="obey", strongly_typed=False, load_timing_cache=None,
+def backend_options(input_shapes, fp16_arithmetic="storage", precision_constraints="obey", strongly_typed=False, load_timing_cache=None,
                     save_timing_cache=None, builder_optimization_level=None, tactic_sources=None,
                     save_engines=None) -> dict:
     """Backend keyword options from flags; each backend takes the ones it knows (see backends/__init__.py)."""
@@ -106,8 +107,10 @@ def backend_options(input_shapes, precision_constraints="obey", strongly_typed=F
 
     if precision_constraints not in ("obey", "prefer"):
         raise UsageError(f"--precision-constraints {precision_constraints!r}: choose obey or prefer")
+    from bisector.fp16.arithmetic import check_mode
+
     return {
-        "precision_constraints": precision_constraints, "strongly_typed": strongly_typed or None,
+        "fp16_arithmetic": check_mode(fp16_arithmetic), "precision_constraints": precision_constraints, "strongly_typed": strongly_typed or None,
         "load_timing_cache": load_timing_cache, "save_timing_cache": save_timing_cache,
         "builder_optimization_level": builder_optimization_level, "tactic_sources": tactic_sources,
         "save_engines": save_engines, "input_shapes": parse_input_shapes(input_shapes) or None,

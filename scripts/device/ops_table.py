@@ -304,9 +304,31 @@ def build_cases(quick: bool) -> list[Case]:
             return r16(rows[:, :, :, i0] * (1 - wgt) + rows[:, :, :, i1] * wgt)
         return f
 
+    def resize_4tap(fma: bool):
+        """ORT-CUDA-style bilinear: 4 taps x00*w00 + x01*w01 + x10*w10 + x11*w11 in FP16 arithmetic (weights
+        computed in FP32, cast to FP16; with fma each step rounds once, else each product and sum round)."""
+        def f(d):
+            x16 = r16(d["x"]).astype(np.float64)
+            H = rs[2]
+            src = np.clip((np.arange(2 * H) + 0.5) / 2 - 0.5, 0, H - 1)
+            i0 = np.floor(src).astype(int)
+            i1 = np.minimum(i0 + 1, H - 1)
+            w1 = src - i0
+            w0 = 1 - w1
+            Y = lambda i, j: x16[:, :, i, :][:, :, :, j]  # noqa: E731
+            wy0, wy1 = w0[None, None, :, None], w1[None, None, :, None]
+            taps = [(Y(i0, i0), r16(wy0 * w0)), (Y(i0, i1), r16(wy0 * w1)), (Y(i1, i0), r16(wy1 * w0)),
+                    (Y(i1, i1), r16(wy1 * w1))]
+            acc = r16(taps[0][0] * taps[0][1])
+            for v, w in taps[1:]:
+                acc = r16(acc + v * w) if fma else r16(acc + r16(v * w))
+            return acc
+        return f
+
     cases.append(Case("Resize", "resize_linear2x", "Resize", {"x": xz}, {}, {"mode": "linear",
                       "coordinate_transformation_mode": "half_pixel"}, (rs[0], rs[1], 2 * rs[2], 2 * rs[3]),
-                      {"lerp64_round16": resize_lin(False), "lerp16": resize_lin(True)},
+                      {"lerp64_round16": resize_lin(False), "lerp16": resize_lin(True),
+                       "taps4_fp16": resize_4tap(False), "taps4_fma16": resize_4tap(True)},
                       param_inits={"scales": scales},
                       torch_fn=lambda t, d: t.nn.functional.interpolate(d["x"], scale_factor=2, mode="bilinear",
                                                                          align_corners=False)))

@@ -46,9 +46,10 @@ def scaled_args(case: dict, m: float) -> list[str]:
             f"{case['rtol'] * m:.6g}"]
 
 
-def run_search(case: dict, m: float, work: Path, backend: str = "emulate") -> dict:
-    jfile = work / f"{Path(case['model']).stem}_{m:g}_{backend}.json"
+def run_search(case: dict, m: float, work: Path, backend: str = "emulate", arith: str = "storage") -> dict:
+    jfile = work / f"{Path(case['model']).stem}_{m:g}_{backend}_{arith}.json"
     cmd = [PY, "-m", "bisector.cli", "precision", case["model"], "--fp16", *scaled_args(case, m), "--backend", backend,
+           *(["--fp16-arithmetic", arith] if arith != "storage" else []),
            "--json", str(jfile), "--no-cache", "--no-progress", "--no-plot", "-o", str(work / "out")]
     t0 = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=work)
@@ -67,13 +68,13 @@ def cmd_search(a) -> int:
     cs = cases(Path(a.models))
     wanted = set(filter(None, a.cases.split(",")))
     margins = [float(x) for x in a.margins.split(",")] if a.margins else MARGINS
-    out = {"machine": machine(), "margins": margins, "cases": {}}
+    out = {"machine": machine(), "margins": margins, "fp16_arithmetic": a.arith, "cases": {}}
     for name, case in cs.items():
         if wanted and name not in wanted:
             continue
         row = {"tolerance": case["tolerance"], "note": case["note"], "searches": {}}
         for m in margins:
-            row["searches"][f"{m:g}"] = r = run_search(case, m, work)
+            row["searches"][f"{m:g}"] = r = run_search(case, m, work, arith=a.arith)
             print(f"{name:18s} m={m:<4g} rc={r['rc']} size={r.get('size')} evals={r.get('evaluations')} "
                   f"{r['seconds']}s {r.get('stderr', '')[-200:]}", flush=True)
         out["cases"][name] = row
@@ -97,8 +98,13 @@ def machine() -> dict:
 
 
 def job(case: dict, backend: str, **backend_options):
-    from bisector.session import JobOptions, build_job
+    try:
+        from bisector.app.job import JobOptions, build_job
+    except ImportError:  # before the house layout
+        from bisector.session import JobOptions, build_job  # type: ignore[no-redef]
 
+    if backend == "emulate-gpu":  # emulate with --fp16-arithmetic gpu
+        backend, backend_options = "emulate", {**backend_options, "fp16_arithmetic": "gpu"}
     o = JobOptions(model=Path(case["model"]), backend=backend, backend_options=backend_options, no_cache=True,
                    load_inputs=[Path(case["inputs"])], atol=[f"{case['tolerance']:g}"], rtol=[f"{case['rtol']:g}"])
     return build_job(o, canary=False)
@@ -116,7 +122,10 @@ def elem_excess(j, fs: frozenset, atol: float, rtol: float) -> float:
     import numpy as np
 
     from bisector.compare import EPSILON
-    from bisector.plan import Plan
+    try:
+        from bisector.fp16.plan import Plan
+    except ImportError:
+        from bisector.plan import Plan  # type: ignore[no-redef]
 
     plan = Plan(fs, j.catalog.candidates)
     worst = 0.0
@@ -247,9 +256,16 @@ def _wrap_disabled(ex) -> None:
             kw.setdefault("disabled_optimizers", ex._disabled_optimizers)
             super().__init__(model, sess_options, providers=providers, **kw)
 
-    import bisector.executor as bex
-
+    bex = _executor_module()
     bex.ort.InferenceSession = _S  # type: ignore[attr-defined]
+
+
+def _executor_module():
+    try:
+        import bisector.backends.emulate.executor as bex
+    except ImportError:
+        import bisector.executor as bex  # type: ignore[no-redef]
+    return bex
 
 
 def cmd_cpu(a) -> int:
@@ -271,9 +287,7 @@ def cmd_cpu(a) -> int:
             except Exception as e:  # noqa: BLE001
                 r = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
             finally:
-                import bisector.executor as bex
-
-                bex.ort.InferenceSession = real  # type: ignore[attr-defined]
+                _executor_module().ort.InferenceSession = real  # type: ignore[attr-defined]
             out["cases"][name][vname] = r
         base = out["cases"][name].get("default", {})
         diffs = {v: {p: (base[p]["excess"], r[p]["excess"]) for p in r if p in base and r[p]["excess"] != base[p]["excess"]}
@@ -287,18 +301,18 @@ def cmd_cpu(a) -> int:
 def cmd_report(a) -> int:
     sets = json.loads(Path(a.sets).read_text())
     judge = json.loads(Path(a.judge).read_text()) if a.judge else {"cases": {}}
-    print(report(sets, judge, a.max_growth, a.target))
+    print(report(sets, judge, a.max_growth, a.target, a.emu))
     return 0
 
 
-def report(sets: dict, judge: dict, max_growth: float = 1.2, target: float = 0.9) -> str:
+def report(sets: dict, judge: dict, max_growth: float = 1.2, target: float = 0.9, emu_key: str = "emulate") -> str:
     margins = [f"{m:g}" for m in sets["margins"]]
     lines = ["| case | tol | all-FP16 excess (emu / GPU) | " + " | ".join(f"m={m}: size, emu, GPU" for m in margins) + " |",
              "|---|---|---|" + "---|" * len(margins)]
     per_margin = {m: {"ok": 0, "n": 0, "small": 0} for m in margins}
     for name, row in sets["cases"].items():
         jc = judge["cases"].get(name, {})
-        emu, gpu = jc.get("emulate", {}), jc.get("ort-cuda", {})
+        emu, gpu = jc.get(emu_key, {}), jc.get("ort-cuda", {})
         f = lambda d, k: f"{d[k]['excess']:.3g}" if k in d else "–"  # noqa: E731
         cells = []
         base = row["searches"].get("1", {}).get("size")
@@ -343,11 +357,12 @@ def main() -> int:
     s.add_argument("--models", default=models)
     s.add_argument("--cases", default="")
     s.add_argument("--margins", default="")
+    s.add_argument("--arith", default="storage", help="--fp16-arithmetic of the searches")
     j = sub.add_parser("judge")
     j.add_argument("--sets", required=True)
     j.add_argument("--out", required=True)
     j.add_argument("--models", default=models)
-    j.add_argument("--backends", default="emulate,ort-cuda")
+    j.add_argument("--backends", default="emulate,emulate-gpu,ort-cuda")
     c = sub.add_parser("cpu")
     c.add_argument("--sets", required=True)
     c.add_argument("--out", required=True)
@@ -358,6 +373,7 @@ def main() -> int:
     r.add_argument("--judge", default="")
     r.add_argument("--max-growth", type=float, default=1.2)
     r.add_argument("--target", type=float, default=0.9)
+    r.add_argument("--emu", default="emulate", help="judge column for the emulate excess (emulate-gpu for --arith gpu sets)")
     a = ap.parse_args()
     return {"search": cmd_search, "judge": cmd_judge, "cpu": cmd_cpu, "report": cmd_report}[a.cmd](a)
 
