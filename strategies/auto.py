@@ -450,7 +450,7 @@ class Auto(GroupTesting):
         ask.phase = "swap"
         pos = {x: i for i, x in enumerate(rank)}
         tries = 0
-        while tries < self.swaps:
+        while tries < self.swaps and len(result) >= 2:  # an accepted swap can shrink the set below two
             members = sorted(result, key=lambda x: -pos[x])  # lowest-ranked first
             outside = [x for x in rank if x not in result]
             if not outside:
