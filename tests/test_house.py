@@ -142,3 +142,16 @@ def test_margin_demands_headroom():
     assert r.passed and 0 < excess < 1
     assert not bisector.evaluate(seed, ["Add", "Sub"], margin=excess * 0.99, **common).passed
     assert bisector.evaluate(seed, ["Add", "Sub"], margin=min(1.0, excess * 1.01), **common).passed
+
+
+def test_confirm_on_rejudges_the_set_on_another_backend(tmp_path):
+    """--confirm-on: the final set is judged again on the named backend (here emulate with the same rules, where it
+    holds) and the record says which backend confirmed it; a backend whose package is missing is exit 2 up front."""
+    import bisector
+    from bisector.errors import UsageError
+
+    seed = ROOT / "fixtures" / "needs_constraints.onnx"
+    r = bisector.precision(seed, val_range={"x": (1, 2)}, atol=1e-1, no_cache=True, confirm_on="emulate")
+    assert r.fp32_nodes == ["Add", "Sub"] and r.constraints.confirmed_on == "emulate"
+    with pytest.raises(UsageError):
+        bisector.precision(seed, val_range={"x": (1, 2)}, atol=1e-1, no_cache=True, confirm_on="ort-cuda")

@@ -217,6 +217,9 @@ class Search:
     start_from: Optional[Path] = option("--start-from", default=None,
                                         help="A constraints.json found elsewhere: confirm its FP32 set here and "
                                              "extend or shrink it, instead of searching from scratch.")
+    confirm_on: Optional[str] = option("--confirm-on", default=None,
+                                       help="Re-judge the final set on this backend (ort-cuda, tensorrt, …) and, "
+                                            "where it fails there, extend it there (as --start-from does).")
     resume: bool = option("--resume/--no-resume", default=True,
                           help="Answer repeated plans from the journal of earlier runs with the same key.")
     max_evals: Optional[int] = option("--max-evals", default=None,
@@ -228,6 +231,11 @@ class Search:
     def __post_init__(self) -> None:
         if self.direction not in (None, "forward", "reverse"):
             raise UsageError(f"--direction {self.direction!r}: choose forward or reverse")
+        if self.confirm_on is not None:
+            from bisector.backends import BACKENDS
+
+            if self.confirm_on not in BACKENDS:
+                raise UsageError(f"--confirm-on {self.confirm_on!r}: choose one of {', '.join(BACKENDS)}")
         if self.max_evals is not None and self.max_evals < 1:
             raise UsageError(f"--max-evals {self.max_evals}: must be at least 1")
         if self.time_limit is not None and not (self.time_limit > 0 and math.isfinite(self.time_limit)):
