@@ -213,6 +213,9 @@ class Search:
     panel: ClassVar[str] = "Search"
     strategy: str = option("--strategy", default="auto",
                            help="Search strategy plugin (entry-point group bisector.strategies).")
+    objective: str = option("--objective", default="count",
+                            help="What the smallest set minimises: count (nodes) or flops (estimated FP32 cost: "
+                                 "one Add is cheaper to keep than one MatMul).")
     direction: Optional[str] = option("--direction", default=None,
                                       help="bisect/linear: forward (FP32 prefix) or reverse (suffix).")
     scores: Optional[str] = option("--scores", default=None,
@@ -235,6 +238,8 @@ class Search:
     def __post_init__(self) -> None:
         if self.direction not in (None, "forward", "reverse"):
             raise UsageError(f"--direction {self.direction!r}: choose forward or reverse")
+        if self.objective not in ("count", "flops"):
+            raise UsageError(f"--objective {self.objective!r}: choose count or flops")
         if self.confirm_on is not None:
             _check_backend(self.confirm_on, "--confirm-on")
         if self.max_evals is not None and self.max_evals < 1:
