@@ -43,9 +43,31 @@ class Counting:
         return synthetic_verdict(fp32, self.culprits <= frozenset(fp32))
 
 
-def sequential(cands=CANDS, culprits=CULPRITS):
-    oracle = Oracle(None, cands, [], [], None, executor=InProcess(SyntheticSpec(culprits)))
-    return run_search(oracle, "auto"), oracle
+class Recording(InProcess):
+    """In-process, declaring `workers`: asks exactly what a real pool of that size is asked; records each batch."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.batches: list[list[frozenset]] = []
+
+    def run(self, plans, may_start=lambda: True):
+        self.batches.append([frozenset(p) for p in plans])
+        return super().run(plans, may_start)
+
+
+def sequential(cands=CANDS, culprits=CULPRITS, workers=1):
+    """The reference search: in-process; with `workers` > 1 the strategy is told so (what a pool of that size
+    gets asked, deterministically)."""
+    ex = Recording(SyntheticSpec(culprits), workers=workers)
+    oracle = Oracle(None, cands, [], [], None, executor=ex)
+    r = run_search(oracle, "auto")
+    r.batches = ex.batches
+    return r, oracle
+
+
+def batched_plan(reference) -> frozenset:
+    """A plan the reference search judged inside a batch of several (so a pool judges it beside another)."""
+    return next(b[0] for b in reference.batches if len(b) > 1)
 
 
 def test_batch_hint_goes_through_the_executor_and_counts_rounds():
@@ -53,10 +75,10 @@ def test_batch_hint_goes_through_the_executor_and_counts_rounds():
     ev = Counting()
     oracle = Oracle(None, CANDS, [], [], None, executor=InProcess(evaluate=ev, workers=4))
     r = run_search(oracle, "auto")
-    assert r.fp32 == base.fp32 == CULPRITS and r.minimal
-    assert r.evaluations == base.evaluations
+    assert r.fp32 == base.fp32 == CULPRITS and r.minimal  # the same answer as sequential
+    assert r.evaluations["new"] <= 1.6 * base.evaluations["new"]
     assert len(ev.asked) == len(set(ev.asked)) == r.evaluations["new"]  # memo: each plan sent once
-    assert r.workers == 4 and r.rounds < r.evaluations["new"]  # the removal checks share a round
+    assert r.workers == 4 and r.rounds < base.evaluations["new"]
 
 
 def test_memo_and_journal_answer_first_only_new_plans_are_sent():
@@ -88,24 +110,20 @@ def test_a_batch_never_overshoots_max_evals():
     assert oracle.evaluate_many(sets[:2])[0].passed  # known sets still answered
 
 
-def test_process_pool_same_answer_and_evaluations_as_sequential():
-    base, _ = sequential()
+def test_process_pool_same_answer_as_sequential_and_deterministic():
+    seq, _ = sequential()
+    ref, ref_oracle = sequential(workers=2)
     with ProcessPool(SyntheticSpec(CULPRITS, latency=0.01), 2) as pool:
         oracle = Oracle(None, CANDS, [], [], None, executor=pool)
         r = run_search(oracle, "auto")
-    assert r.fp32 == base.fp32 and r.minimal and r.evaluations == base.evaluations
-    assert [v.fp32 for v in oracle.history] == [v.fp32 for v in _history_of_sequential()]  # deterministic order
-
-
-def _history_of_sequential():
-    _, oracle = sequential()
-    return oracle.history
+    assert r.fp32 == seq.fp32 and r.minimal
+    assert r.evaluations == ref.evaluations and r.rounds == ref.rounds
+    assert [v.fp32 for v in oracle.history] == [v.fp32 for v in ref_oracle.history]  # deterministic order
 
 
 def test_killed_worker_plan_is_retried_and_no_evaluation_is_lost(tmp_path):
-    base, base_oracle = sequential()
-    victim = CULPRITS - {"n17"}  # a removal check of the final set: asked inside a batch
-    assert victim in base_oracle.verdicts
+    base, base_oracle = sequential(workers=2)
+    victim = batched_plan(base)
     marker = tmp_path / "killed"
     journal = DictJournal()
     with ProcessPool(KillOnce(SyntheticSpec(CULPRITS, latency=0.01), victim, marker), 2) as pool:
@@ -168,7 +186,7 @@ def test_precision_with_two_emulate_workers_equals_in_process(tmp_path):
     one = precision(SEED, **opts)
     two = precision(SEED, workers=2, **{**opts, "cache_dir": tmp_path / "c2"})
     assert one.fp32_nodes == two.fp32_nodes == ["Add", "Sub"]
-    assert two.minimal and two.constraints.evaluations == one.constraints.evaluations
+    assert two.minimal and two.constraints.evaluations.new <= 1.6 * one.constraints.evaluations.new
 
 
 def test_planted_with_workers_finds_the_planted_set(tmp_path):
@@ -192,21 +210,22 @@ def ray_local():
 def test_ray_pool_same_answer_as_sequential(ray_local):
     from bisector.search.executors import RayPool
 
-    base, _ = sequential()
+    seq, _ = sequential()
+    base, _ = sequential(workers=2)
     pool = RayPool(SyntheticSpec(CULPRITS, latency=0.01), 2)
     try:
         oracle = Oracle(None, CANDS, [], [], None, executor=pool)
         r = run_search(oracle, "auto")
     finally:
         pool.close()
-    assert r.fp32 == base.fp32 and r.minimal and r.evaluations == base.evaluations
+    assert r.fp32 == seq.fp32 and r.minimal and r.evaluations == base.evaluations
 
 
 def test_ray_killed_actor_plan_is_retried(ray_local, tmp_path):
     from bisector.search.executors import RayPool
 
-    base, base_oracle = sequential()
-    victim = CULPRITS - {"n17"}
+    base, base_oracle = sequential(workers=2)
+    victim = batched_plan(base)
     journal = DictJournal()
     pool = RayPool(KillOnce(SyntheticSpec(CULPRITS, latency=0.01), victim, tmp_path / "killed"), 2)
     try:
@@ -270,14 +289,19 @@ def test_emulate_worker_killed_mid_evaluation_loses_nothing(tmp_path):
     """The real worker (build_job + judge on emulate) killed while judging a plan of the search's first batch."""
     from bisector.app.job import open_job
     from bisector.app.options import BackendChoice, Cache, Inputs, Tolerances
-    from bisector.search.executors import JobSpec
+    from bisector.app.precision import JobSpec
+
+    from bisector.fp16.plan import Plan
 
     flags = dict(val_range=["x:[1,2]"], atol=["1e-1"])
     job = open_job(SEED, cache_dir=tmp_path / "c", **flags)
+    seq = run_search(job.oracle(), "auto")
+    here = Recording(evaluate=lambda fp32: job.judge(Plan(fp32, job.catalog.candidates)).to_json(), workers=2)
     base_oracle = job.oracle()
-    base = run_search(base_oracle, "auto")
-    batched = [s for s in base_oracle.verdicts if len(s) == len(base.fp32) - 1 and s < base.fp32]
-    assert batched  # the removal checks of the answer
+    base_oracle.executor = here
+    base = run_search(base_oracle, "auto")  # what a pool of 2 is asked
+    batched = [b[0] for b in here.batches if len(b) > 1]
+    assert batched and base.fp32 == seq.fp32
     spec = JobSpec(SEED, Inputs(val_range=["x:[1,2]"]), Tolerances(atol=["1e-1"]), BackendChoice(),
                    Cache(cache_dir=tmp_path / "c"), golden=job.golden.outputs, inputs_digest=job.inputs_info["digest"])
     journal = DictJournal()
@@ -300,4 +324,3 @@ def test_precision_on_ray_actors_equals_in_process(ray_local, tmp_path):
     one = precision(SEED, **opts)
     on_ray = precision(SEED, ray="auto", workers=2, **opts)  # the test's Ray instance is reused
     assert on_ray.fp32_nodes == one.fp32_nodes == ["Add", "Sub"] and on_ray.minimal
-    assert on_ray.constraints.evaluations == one.constraints.evaluations

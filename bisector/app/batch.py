@@ -171,6 +171,7 @@ def _run_parallel(config: BatchConfig, entries: list[ModelEntry], parse_args, on
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
+    from bisector.app.precision import WORKER_PRELOAD
     from bisector.search.executors import PRELOAD
 
     outcomes: list[ModelOutcome | None] = [None] * len(entries)
@@ -181,7 +182,7 @@ def _run_parallel(config: BatchConfig, entries: list[ModelEntry], parse_args, on
         except BisectorError as exc:
             outcomes[i] = _failed(e, exc, 0.0)
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)
+    ctx.set_forkserver_preload([*PRELOAD, *WORKER_PRELOAD])
     with ProcessPoolExecutor(max_workers=min(parallel, max(1, len(todo))), mp_context=ctx) as pool:
         futures = []
         for i, e, options in todo:

@@ -12,7 +12,8 @@ The oracle keeps the journal, the budget and the memo in the driver process; an 
 
 What runs in a worker is a *spec*: a picklable object with `open() -> (evaluate, close)`, where
 `evaluate(fp32: frozenset[str]) -> dict` is a verdict as JSON. `JobSpec` is the real one (model path and the
-typed option groups: `build_job` + `judge` in the worker); `SyntheticSpec` (a monotone oracle with a fixed
+typed option groups: `build_job` + `judge` in the worker; it lives with the API, in bisector.app.precision);
+`SyntheticSpec` (a monotone oracle with a fixed
 latency standing in for an engine build) serves the benchmark and the tests; `KillOnce` wraps a spec to kill
 its worker while it evaluates one plan (tests of the retry path).
 
@@ -48,53 +49,6 @@ class Spec(Protocol):
 
 
 # ---------------------------------------------------------------------------------------------------- specs
-@dataclass
-class JobSpec:
-    """The real worker: `build_job` from the model path and the typed option groups, then `judge` per plan.
-
-    `golden`: the driver's golden outputs; the worker judges against exactly these (ORT FP32 with another
-    thread count can differ in the last bits, and a borderline verdict must not depend on the worker).
-    `inputs_digest`: the driver's inputs, checked. `model_bytes`: the model itself, for Ray nodes that cannot
-    read `model` (a model with external data needs a shared filesystem)."""
-
-    model: Path
-    inputs: Any
-    tolerances: Any
-    backend: Any
-    cache: Any
-    golden: list | None = None
-    inputs_digest: str | None = None
-    threads: int = 0
-    model_bytes: bytes | None = None
-
-    def open(self) -> tuple[Evaluate, Callable[[], None]]:
-        from bisector.app.job import build_job
-        from bisector.fp16.plan import Plan
-
-        model = Path(self.model)
-        if not model.exists() and self.model_bytes is not None:
-            import tempfile
-
-            fd, name = tempfile.mkstemp(suffix=".onnx", prefix="bisector-worker-")
-            with os.fdopen(fd, "wb") as f:
-                f.write(self.model_bytes)
-            model = Path(name)
-        extra = {"threads": self.threads} if self.threads and self.backend.backend == "emulate" else {}
-        job = build_job(model, self.inputs, self.tolerances, self.backend, self.cache,
-                        canary=self.backend.backend != "emulate", **extra)
-        if self.inputs_digest is not None and job.inputs_info["digest"] != self.inputs_digest:
-            job.close()
-            raise UsageError("a worker generated other inputs than the driver (the input files differ there?)")
-        if self.golden is not None:
-            job.golden.outputs = self.golden
-        candidates = job.catalog.candidates
-
-        def evaluate(fp32: frozenset) -> dict:
-            return job.judge(Plan(frozenset(fp32), candidates)).to_json()
-
-        return evaluate, job.close
-
-
 @dataclass
 class SyntheticSpec:
     """A monotone synthetic oracle: a plan passes iff it keeps every culprit in FP32; each evaluation sleeps
@@ -188,6 +142,9 @@ class Executor:
     workers: int = 1
     kind: str = "in-process"
 
+    def open(self, spec: Spec) -> None:
+        raise NotImplementedError
+
     def run(self, plans: Sequence[frozenset], may_start: Callable[[], bool] = lambda: True
             ) -> Iterator[tuple[int, dict]]:
         raise NotImplementedError
@@ -233,18 +190,17 @@ class InProcess(Executor):
         self._close()
 
 
-PRELOAD = ["numpy", "onnx", "onnxruntime", "bisector.app.job", "bisector.search.judge",
-           "bisector.backends.emulate.backend"]
+PRELOAD = ["numpy", "onnx", "onnxruntime", "bisector.search.judge"]  # callers add their own (the job's modules)
 
 
-def _worker_main(conn, env: dict[str, str], index: int) -> None:  # runs in the worker process
+def _worker_main(conn, env: dict[str, str], index: int, preload: Sequence[str] = ()) -> None:  # in the worker
     """Import the heavy modules (while the driver builds its own job), wait for the spec, open it, then judge
     plans until told to stop. Nothing in the imports touches a GPU: CUDA_VISIBLE_DEVICES applies."""
     os.environ.update(env)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's: it stops the search and closes the pool
     import importlib
 
-    for name in PRELOAD:
+    for name in preload:
         try:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - opening the spec reports what is really missing
@@ -300,7 +256,8 @@ class ProcessPool(Executor):
     kind = "processes"
 
     def __init__(self, spec: Spec | None, workers: int, envs: Sequence[dict[str, str]] | None = None,
-                 max_retries: int = 2, max_restarts: int = 2, context: str = "forkserver"):
+                 max_retries: int = 2, max_restarts: int = 2, context: str = "forkserver",
+                 preload: Sequence[str] = ()):
         import multiprocessing
 
         if workers < 1:
@@ -310,8 +267,9 @@ class ProcessPool(Executor):
         self.max_retries = max_retries
         self.max_restarts = max_restarts
         self._ctx = multiprocessing.get_context(context)
+        self._preload = [*PRELOAD, *preload]
         if context == "forkserver":
-            self._ctx.set_forkserver_preload(PRELOAD)
+            self._ctx.set_forkserver_preload(self._preload)
         self._ids = itertools.count()
         self.retried = 0  # plans re-sent after their worker died
         self.slots = [_Slot(i, env=dict(envs[i]) if envs else {}) for i in range(workers)]
@@ -320,7 +278,7 @@ class ProcessPool(Executor):
 
     def _start(self, slot: _Slot) -> None:
         parent, child = self._ctx.Pipe()
-        p = self._ctx.Process(target=_worker_main, args=(child, slot.env, slot.index),
+        p = self._ctx.Process(target=_worker_main, args=(child, slot.env, slot.index, self._preload),
                               name=f"bisector-worker-{slot.index}", daemon=True)
         p.start()
         child.close()
@@ -653,29 +611,21 @@ def worker_envs(backend: str, workers: int) -> tuple[list[dict[str, str]], int]:
     return [dict(env) for _ in range(workers)], threads
 
 
-def start_executor(backend: str, workers: int | None, ray: str | None) -> Executor | None:
+def start_executor(backend: str, workers: int | None, ray: str | None, preload: Sequence[str] = ()
+                   ) -> Executor | None:
     """The executor `--workers`/`--ray` ask for, started before the driver builds its job (worker imports, Ray
-    set-up overlap the golden run); None: judge in-process, as always. Give it its spec with `open_job_spec`."""
+    set-up overlap the golden run); None: judge in-process, as always. Then `open(spec)` it."""
     gpu = backend in GPU_BACKENDS
     if ray is not None:
         return RayPool(None, workers, address=ray, gpu=gpu)
     if workers is None or workers <= 1:
         return None
     envs, _ = worker_envs(backend, workers)
-    return ProcessPool(None, workers, envs=envs)
+    return ProcessPool(None, workers, envs=envs, preload=preload)
 
 
-def open_job_spec(executor: Executor, model: Path, inputs: Any, tolerances: Any, backend: Any, cache: Any,
-                  job: Any) -> None:
-    """Hand a started executor the job to open in each worker: the model path and the typed option groups, held
-    to the driver's inputs digest and golden outputs."""
-    spec = JobSpec(Path(model).resolve(), inputs, tolerances, backend, cache, golden=job.golden.outputs,
-                   inputs_digest=job.inputs_info["digest"])
+def worker_threads(executor: Executor, backend: str) -> int:
+    """ORT intra-op threads for each worker of `executor` on `backend` (0: the backend's default)."""
     if isinstance(executor, RayPool):
-        if executor.address != "local" and Path(model).stat().st_size < 1_500_000_000:
-            spec.model_bytes = Path(model).read_bytes()  # for nodes that cannot read the path
-        spec.threads = 1
-    else:
-        _, spec.threads = worker_envs(backend.backend, executor.workers)
-    executor.open(spec)  # type: ignore[attr-defined]
-    log.info("judging plans on %d %s worker(s)", executor.workers, executor.kind)
+        return 0 if backend in GPU_BACKENDS else 1
+    return worker_envs(backend, executor.workers)[1]
