@@ -324,3 +324,15 @@ def test_precision_on_ray_actors_equals_in_process(ray_local, tmp_path):
     one = precision(SEED, **opts)
     on_ray = precision(SEED, ray="auto", workers=2, **opts)  # the test's Ray instance is reused
     assert on_ray.fp32_nodes == one.fp32_nodes == ["Add", "Sub"] and on_ray.minimal
+
+
+def test_cli_workers_flag(tmp_path, cache_dir):
+    from .conftest import main_cli
+
+    out = tmp_path / "o"
+    assert main_cli("precision", SEED, "--fp16", "--atol", "1e-1", "--val-range", "x:[1,2]", "--workers", "2",
+                    "-o", out, "--cache-dir", cache_dir) == 0
+    import json
+
+    assert json.loads((out / "constraints.json").read_text())["fp32_nodes"] == ["Add", "Sub"]
+    assert main_cli("precision", SEED, "--fp16", "--workers", "0", "--cache-dir", cache_dir) == 2
