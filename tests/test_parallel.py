@@ -336,3 +336,26 @@ def test_cli_workers_flag(tmp_path, cache_dir):
 
     assert json.loads((out / "constraints.json").read_text())["fp32_nodes"] == ["Add", "Sub"]
     assert main_cli("precision", SEED, "--fp16", "--workers", "0", "--cache-dir", cache_dir) == 2
+
+
+def test_only_the_first_worker_writes_the_timing_cache(monkeypatch, tmp_path):
+    import bisector.app.precision as P
+    from bisector.app.options import BackendChoice, Cache, Inputs, Tolerances
+    from bisector.search.executors import WORKER_INDEX
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_build_job(model, inputs, tolerances, backend, cache, **kw):
+        seen.append(backend.save_timing_cache)
+        raise Stop
+
+    monkeypatch.setattr(P, "build_job", fake_build_job)
+    spec = P.JobSpec(SEED, Inputs(), Tolerances(), BackendChoice(save_timing_cache=tmp_path / "t.cache"), Cache())
+    for index in ("0", "1"):
+        monkeypatch.setenv(WORKER_INDEX, index)
+        with pytest.raises(Stop):
+            spec.open()
+    assert seen == [tmp_path / "t.cache", None]

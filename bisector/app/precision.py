@@ -18,7 +18,7 @@ from bisector.errors import UsageError
 from bisector.files import ensure_dir
 from bisector.budget import Budget
 from bisector.search.driver import SearchResult, run_search
-from bisector.search.executors import Executor, RayPool, start_executor, worker_threads
+from bisector.search.executors import WORKER_INDEX, Executor, RayPool, start_executor, worker_threads
 from bisector.search.judge import Verdict
 
 log = logging.getLogger("bisector")
@@ -217,8 +217,12 @@ class JobSpec:
                 f.write(self.model_bytes)
             model = Path(name)
         extra = {"threads": self.threads} if self.threads and self.backend.backend == "emulate" else {}
-        job = build_job(model, self.inputs, self.tolerances, self.backend, self.cache,
-                        canary=self.backend.backend != "emulate", **extra)
+        backend = self.backend
+        if os.environ.get(WORKER_INDEX, "0") != "0" and backend.save_timing_cache is not None:
+            # one writer for the shared file: the first worker saves its TensorRT timing cache, the others not
+            backend = dataclasses.replace(backend, save_timing_cache=None)
+        job = build_job(model, self.inputs, self.tolerances, backend, self.cache,
+                        canary=backend.backend != "emulate", **extra)
         if self.inputs_digest is not None and job.inputs_info["digest"] != self.inputs_digest:
             job.close()
             raise UsageError("a worker generated other inputs than the driver (the input files differ there?)")

@@ -193,10 +193,14 @@ class InProcess(Executor):
 PRELOAD = ["numpy", "onnx", "onnxruntime", "bisector.search.judge"]  # callers add their own (the job's modules)
 
 
+WORKER_INDEX = "BISECTOR_WORKER_INDEX"  # set in every worker: a spec may treat worker 0 apart (shared files)
+
+
 def _worker_main(conn, env: dict[str, str], index: int, preload: Sequence[str] = ()) -> None:  # in the worker
     """Import the heavy modules (while the driver builds its own job), wait for the spec, open it, then judge
     plans until told to stop. Nothing in the imports touches a GPU: CUDA_VISIBLE_DEVICES applies."""
     os.environ.update(env)
+    os.environ[WORKER_INDEX] = str(index)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's: it stops the search and closes the pool
     import importlib
 
@@ -449,7 +453,8 @@ class ProcessPool(Executor):
 class _RayWorker:
     """A Ray actor holding one loaded job (wrapped by `ray.remote` at run time, so Ray stays optional)."""
 
-    def __init__(self, spec: Spec) -> None:
+    def __init__(self, spec: Spec, index: int = 0) -> None:
+        os.environ[WORKER_INDEX] = str(index)
         self._evaluate, self._close = spec.open()
 
     def pid(self) -> int:
@@ -500,7 +505,7 @@ class RayPool(Executor):
     def open(self, spec: Spec) -> None:
         """Start the actors, each opening `spec` (a Ray instance is set up before the driver's job is built)."""
         self.spec = spec
-        self.actors = [self._cls.remote(spec) for _ in range(self.workers)]
+        self.actors = [self._cls.remote(spec, i) for i in range(self.workers)]
 
     def pids(self) -> list[int]:
         return self._ray.get([a.pid.remote() for a in self.actors])
@@ -559,7 +564,7 @@ class RayPool(Executor):
                         queue.appendleft(idx)
                     if self.restarts[slot] < self.max_restarts:
                         self.restarts[slot] += 1
-                        self.actors[slot] = self._cls.remote(self.spec)
+                        self.actors[slot] = self._cls.remote(self.spec, slot)
                     else:
                         dead.add(slot)
                     continue
