@@ -84,6 +84,9 @@ class Inputs:
                                          help="Save the input sets used (Polygraphy JSON, or .npz).")
     load_outputs: Optional[Path] = option("--load-outputs", default=None,
                                           help="Golden outputs (Polygraphy RunResults JSON) instead of running ORT FP32.")
+    data_loader_script: Optional[str] = option("--data-loader-script", default=None,
+                                               help="Polygraphy data loader script FILE[:FUNC] (default load_data): "
+                                                    "FUNC() returns or yields {input: array} per iteration.")
 
     def __post_init__(self) -> None:
         tokens = _tokens(self.val_range)
@@ -111,10 +114,10 @@ class Tolerances:
     """Tolerances: Polygraphy's comparison semantics (DESIGN §5), plus the headroom the search demands."""
 
     panel: ClassVar[str] = "Tolerances"
-    atol: Any = option("--atol", multi=True, cli=Optional[list[str]], default=None,
+    atol: Any = option("--atol", "--abs-tol", multi=True, cli=Optional[list[str]], default=None,
                        help="Absolute tolerance, per output with out:value (Polygraphy default 1e-5, too strict "
                             "for FP16: try 1e-1).")
-    rtol: Any = option("--rtol", multi=True, cli=Optional[list[str]], default=None,
+    rtol: Any = option("--rtol", "--rel-tol", multi=True, cli=Optional[list[str]], default=None,
                        help="Relative tolerance, per output with out:value (Polygraphy default 1e-5).")
     check_error_stat: Any = option("--check-error-stat", multi=True, cli=Optional[list[str]], default=None,
                                    help=f"{', '.join(ERROR_STATS)} (default elemwise); per output with out:stat.")
@@ -153,7 +156,8 @@ class BackendChoice:
     backend: str = option("--backend", default="emulate",
                           help="emulate (CPU FP16 storage emulation), ort-cuda, tensorrt, tensorrt-rtx.")
     precision_constraints: str = option("--precision-constraints", default="obey",
-                                        help="TensorRT 10 weak typing: obey or prefer.")
+                                        help="TensorRT 10 weak typing: obey, prefer or none (Polygraphy's). Emulate "
+                                             "applies the requested precisions exactly, whatever this says.")
     strongly_typed: bool = option("--strongly-typed", default=False,
                                   help="TensorRT >= 10.12: build strongly typed from the mixed-precision ONNX.")
     load_timing_cache: Optional[Path] = option("--load-timing-cache", default=None, help="TensorRT timing cache to start from.")
@@ -171,8 +175,8 @@ class BackendChoice:
 
         if self.backend not in BACKENDS:
             raise UsageError(f"--backend {self.backend!r}: choose one of {', '.join(BACKENDS)}")
-        if self.precision_constraints not in ("obey", "prefer"):
-            raise UsageError(f"--precision-constraints {self.precision_constraints!r}: choose obey or prefer")
+        if self.precision_constraints not in ("obey", "prefer", "none"):
+            raise UsageError(f"--precision-constraints {self.precision_constraints!r}: choose obey, prefer or none")
         if self.builder_optimization_level is not None and not 0 <= self.builder_optimization_level <= 5:
             raise UsageError(f"--builder-optimization-level {self.builder_optimization_level}: choose 0-5")
 
@@ -229,6 +233,141 @@ class Search:
 
 
 GROUPS: tuple[type, ...] = (Inputs, Tolerances, BackendChoice, Cache, Search)
+
+
+# ---- Polygraphy `run` compatibility (issue 18): runners, comparison, TensorRT-only builder flags ----------------
+PRECISION_FLAGS = ("fp16", "bf16")
+
+
+@dataclass
+class Runners:
+    """Runners, Polygraphy-style: `--onnxrt` is the FP32 reference (golden); `--trt` is the reduced-precision runner,
+    evaluated on --backend (emulate by default). With both, they are compared like `polygraphy run --trt --onnxrt`."""
+
+    panel: ClassVar[str] = "Runners (Polygraphy)"
+    onnxrt: bool = option("--onnxrt", default=False, help="Run ONNX Runtime FP32: the reference runner (golden).")
+    trt: bool = option("--trt", default=False,
+                       help="Run the TensorRT-like runner on --backend: FP32 unless --fp16/--bf16 (as in TensorRT).")
+    bf16: bool = option("--bf16", default=False, help="BF16 storage for the non-FP32 layers (round to nearest even).")
+    tf32: bool = option("--tf32", default=False,
+                        help="Accepted (TF32 math is a TensorRT kernel choice; no effect on emulate).")
+    layer_precisions: Any = option("--layer-precisions", multi=True, cli=Optional[list[str]], default=None,
+                                   help="Per-layer precisions NAME:float32|float16 (TensorRT layer names, as the "
+                                        "ONNX parser names them).")
+    trt_npps: Any = option("--trt-network-postprocess-script", "--trt-npps", multi=True, cli=Optional[list[str]],
+                           default=None, help="TensorRT network postprocess script FILE[:FUNC] (default postprocess); "
+                                              "the precisions it sets on layers are applied.")
+    trt_outputs: Any = option("--trt-outputs", multi=True, cli=Optional[list[str]], default=None,
+                              help="Tensors the --trt runner returns: names, or `mark all` (emulate).")
+    onnx_outputs: Any = option("--onnx-outputs", multi=True, cli=Optional[list[str]], default=None,
+                               help="Tensors the --onnxrt runner returns: names, or `mark all`.")
+    model_type: Optional[str] = option("--model-type", default=None,
+                                       help="onnx (default); engine, trt-network-script, ... need real TensorRT.")
+    golden_runner: Optional[str] = option("--golden-runner", default=None,
+                                          help="The runner of --load-outputs to use as golden (default: its FP32 "
+                                               "reference runner, e.g. onnxrt-runner-N0-...).")
+    allow_reduced_golden: bool = option("--allow-reduced-golden", default=False,
+                                        help="Accept a reduced-precision runner's outputs as golden (normally refused).")
+    gen_script: Optional[Path] = option("--gen-script", default=None,
+                                        help="Write a Python script that reproduces this run, and exit.")
+
+    def __post_init__(self) -> None:
+        self.layer_precisions = _layer_precisions(self.layer_precisions)
+        self.trt_npps = list(self.trt_npps or [])
+        self.trt_outputs = _marked(self.trt_outputs, "--trt-outputs")
+        self.onnx_outputs = _marked(self.onnx_outputs, "--onnx-outputs")
+        if self.model_type not in (None, "onnx", "engine", "trt-network-script", "frozen", "keras", "ckpt", "tf",
+                                   "onnx-like"):
+            raise UsageError(f"--model-type {self.model_type!r}: choose onnx (or engine / trt-network-script, which "
+                             f"need TensorRT)")
+
+
+def _layer_precisions(value: Any) -> dict[str, str]:
+    if value is None:
+        return {}
+    if isinstance(value, Mapping):
+        return {str(k): str(v) for k, v in value.items()}
+    from bisector.values import split_name
+
+    out = {}
+    for tok in value:
+        name, prec = split_name(tok)
+        if not name:
+            raise UsageError(f"--layer-precisions {tok!r}: expected NAME:float32 or NAME:float16")
+        out[name] = prec
+    return out
+
+
+def _marked(value: Any, flag: str) -> Optional[list[str]]:
+    """None (the graph outputs), ["*"] (`mark all`), or tensor names."""
+    if value is None:
+        return None
+    tokens = list(value)
+    if not tokens:
+        return None
+    if tokens == ["mark", "all"] or tokens == ["mark all"]:
+        return ["*"]
+    if "mark" in tokens and "all" in tokens:
+        raise UsageError(f"{flag}: `mark all` cannot be mixed with tensor names")
+    return tokens
+
+
+@dataclass
+class Comparison:
+    """Comparison: Polygraphy's comparison options besides tolerances."""
+
+    panel: ClassVar[str] = "Comparison (Polygraphy)"
+    compare_func: str = option("--compare-func", default="simple",
+                               help="simple (tolerances) or indices (outputs hold indices, e.g. Top-K).")
+    index_tolerance: int = option("--index-tolerance", default=0,
+                                  help="--compare-func indices: how many places an index may move.")
+    fail_fast: bool = option("--fail-fast", default=False, help="Stop at the first mismatched output.")
+    validate: bool = option("--validate", default=False, help="Fail on NaN or Inf in any runner's outputs.")
+
+    def __post_init__(self) -> None:
+        if self.compare_func not in ("simple", "indices"):
+            raise UsageError(f"--compare-func {self.compare_func!r}: choose simple or indices")
+        if self.index_tolerance < 0:
+            raise UsageError(f"--index-tolerance {self.index_tolerance}: must be at least 0")
+
+
+@dataclass
+class TrtBuilder:
+    """TensorRT builder flags: accepted and recorded everywhere; used by --backend tensorrt, no effect on emulate."""
+
+    panel: ClassVar[str] = "TensorRT builder (no effect on emulate)"
+    int8: bool = option("--int8", default=False, help="TensorRT INT8 (needs calibration; not searched).")
+    fp8: bool = option("--fp8", default=False, help="TensorRT FP8.")
+    sparse_weights: bool = option("--sparse-weights", default=False, help="TensorRT structured sparsity.")
+    pool_limit: Any = option("--pool-limit", "--memory-pool-limit", multi=True, cli=Optional[list[str]],
+                             default=None, help="TensorRT memory pool limits, POOL:SIZE.")
+    workspace: Optional[str] = option("--workspace", default=None, help="TensorRT workspace size (deprecated).")
+    load_tactics: Optional[Path] = option("--load-tactics", default=None, help="TensorRT tactic replay file to load.")
+    save_tactics: Optional[Path] = option("--save-tactics", default=None, help="TensorRT tactic replay file to save.")
+    hardware_compatibility_level: Optional[str] = option("--hardware-compatibility-level", default=None,
+                                                         help="TensorRT hardware compatibility level.")
+    version_compatible: bool = option("--version-compatible", default=False,
+                                      help="TensorRT version-compatible engine.")
+    profiling_verbosity: Optional[str] = option("--profiling-verbosity", default=None,
+                                                help="TensorRT profiling verbosity.")
+    trt_min_shapes: Any = option("--trt-min-shapes", multi=True, cli=Optional[list[str]], default=None,
+                                 help="TensorRT optimization profile minimum shapes.")
+    trt_opt_shapes: Any = option("--trt-opt-shapes", multi=True, cli=Optional[list[str]], default=None,
+                                 help="TensorRT optimization profile optimum shapes.")
+    trt_max_shapes: Any = option("--trt-max-shapes", multi=True, cli=Optional[list[str]], default=None,
+                                 help="TensorRT optimization profile maximum shapes.")
+
+    def given(self) -> dict[str, Any]:
+        """The flags set to something other than their default: {flag: value}."""
+        out = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if v not in (None, False, [], ()):
+                out[f.metadata["flags"][0]] = v if not isinstance(v, Path) else str(v)
+        return out
+
+
+POLYGRAPHY_GROUPS: tuple[type, ...] = (Runners, Comparison, TrtBuilder)
 
 
 def split_options(flat: Mapping[str, Any], groups: tuple[type, ...] = GROUPS, **given: Any) -> dict[type, Any]:
