@@ -15,7 +15,7 @@ def backend_factory(name: str, **options: Any) -> Callable[[], Backend]:
     if name == "emulate":
         from bisector.backends.emulate.backend import EmulateBackend
 
-        return lambda: EmulateBackend(**{k: v for k, v in options.items() if k in ("threads",)})
+        return lambda: EmulateBackend(**{k: v for k, v in options.items() if k in ("threads", "storage")})
     if name == "ort-cuda":
         from bisector.backends.ort_cuda import OrtCudaBackend, _import_ort
 
