@@ -26,6 +26,7 @@ def test_polygraphy_files_load_in_bisector(tmp_path, cache_dir):
     assert code == 0
     c = json.loads((o / "constraints.json").read_text())
     assert c["golden"]["source"] == "file" and c["fp32_nodes"] == ["Add", "Sub"]
+    assert c["golden"]["runner"].startswith("onnxrt-runner-N0-")  # which runner of the file was golden
 
 
 def test_bisector_files_load_in_polygraphy(tmp_path, cache_dir):
