@@ -241,3 +241,24 @@ def test_bf16_runner_stores_bfloat16(capsys):
                     "all", "--onnx-outputs", "mark", "all", "--check-error-stat", "median") == 1
     out = capsys.readouterr().out
     assert "BF16 storage" in out and ": add_out | Stats: mean=65536," in out
+
+
+def test_inspect_data_and_onnxrt_against_loaded(tmp_path, capsys):
+    inp, out = tmp_path / "in.json", tmp_path / "out.json"
+    assert main_cli("run", SEED, "--trt", "--fp16", "--onnxrt", "--val-range", "x:[1,2]", "--save-inputs", inp,
+                    "--save-outputs", out) == 1
+    capsys.readouterr()
+    assert main_cli("inspect", "data", out) == 0
+    text = capsys.readouterr().out
+    assert "onnxrt-runner-N0-" in text and "precision: fp32" in text and "precision: fp16" in text
+    assert main_cli("inspect", "data", inp) == 0
+    assert "x [dtype=float32, shape=(1, 1, 256, 256)]" in capsys.readouterr().out
+    # --onnxrt against loaded outputs (the file's FP32 runner is golden): identical, so it passes
+    assert main_cli("run", SEED, "--onnxrt", "--load-inputs", inp, "--load-outputs", out) == 0
+
+
+def test_quiet_and_excluded_outputs(capsys):
+    assert main_cli("run", SEED, "--trt", "--fp16", "--onnxrt", "--val-range", "x:[1,2]", "--trt-outputs", "mark",
+                    "all", "--onnx-outputs", "mark", "all", "--onnx-exclude-outputs", "add_out", "-q") == 1
+    out = capsys.readouterr().out
+    assert "Comparing Output: 'sub_out'" in out and "Comparing Output: 'add_out'" not in out

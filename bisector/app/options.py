@@ -82,7 +82,7 @@ class Inputs:
                               help="Input sets: Polygraphy JSON (polygraphy run --save-inputs) or .npz.")
     save_inputs: Optional[Path] = option("--save-inputs", default=None,
                                          help="Save the input sets used (Polygraphy JSON, or .npz).")
-    load_outputs: Optional[Path] = option("--load-outputs", default=None,
+    load_outputs: Optional[Path] = option("--load-outputs", "--load-results", default=None,
                                           help="Golden outputs (Polygraphy RunResults JSON) instead of running ORT FP32.")
     data_loader_script: Optional[str] = option("--data-loader-script", default=None,
                                                help="Polygraphy data loader script FILE[:FUNC] (default load_data): "
@@ -261,6 +261,10 @@ class Runners:
                               help="Tensors the --trt runner returns: names, or `mark all` (emulate).")
     onnx_outputs: Any = option("--onnx-outputs", multi=True, cli=Optional[list[str]], default=None,
                                help="Tensors the --onnxrt runner returns: names, or `mark all`.")
+    trt_exclude_outputs: Any = option("--trt-exclude-outputs", multi=True, cli=Optional[list[str]], default=None,
+                                      help="Tensors to leave out of the --trt runner's outputs (with mark all).")
+    onnx_exclude_outputs: Any = option("--onnx-exclude-outputs", multi=True, cli=Optional[list[str]], default=None,
+                                       help="Tensors to leave out of the --onnxrt runner's outputs (with mark all).")
     model_type: Optional[str] = option("--model-type", default=None,
                                        help="onnx (default); engine, trt-network-script, ... need real TensorRT.")
     golden_runner: Optional[str] = option("--golden-runner", default=None,
@@ -356,6 +360,15 @@ class TrtBuilder:
                                  help="TensorRT optimization profile optimum shapes.")
     trt_max_shapes: Any = option("--trt-max-shapes", multi=True, cli=Optional[list[str]], default=None,
                                  help="TensorRT optimization profile maximum shapes.")
+    save_engine: Optional[Path] = option("--save-engine", default=None,
+                                         help="Save the TensorRT engine (needs --backend tensorrt).")
+    calibration_cache: Optional[Path] = option("--calibration-cache", default=None, help="TensorRT INT8 calibration cache.")
+    use_dla: bool = option("--use-dla", default=False, help="TensorRT: build for DLA.")
+    allow_gpu_fallback: bool = option("--allow-gpu-fallback", default=False, help="TensorRT DLA: allow GPU fallback.")
+    plugins: Any = option("--plugins", multi=True, cli=Optional[list[str]], default=None,
+                          help="TensorRT plugin libraries to load.")
+    onnxrt_providers: Any = option("--providers", "--onnxrt-providers", multi=True, cli=Optional[list[str]],
+                                   default=None, help="ONNX Runtime execution providers (the reference runs on CPU).")
 
     def given(self) -> dict[str, Any]:
         """The flags set to something other than their default: {flag: value}."""
@@ -367,7 +380,30 @@ class TrtBuilder:
         return out
 
 
-POLYGRAPHY_GROUPS: tuple[type, ...] = (Runners, Comparison, TrtBuilder)
+@dataclass
+class PolyLogging:
+    """Polygraphy's logging flags (`-v` is --verbose)."""
+
+    panel: ClassVar[str] = "Output"
+    quiet: bool = option("-q", "--quiet", default=False, help="Warnings and errors only.")
+    silent: bool = option("--silent", default=False, help="Errors only.")
+    log_file: Optional[Path] = option("--log-file", default=None, help="Also write the log to this file.")
+
+    def apply(self) -> None:
+        import logging
+
+        logger = logging.getLogger("bisector")
+        if self.silent:
+            logger.setLevel(logging.ERROR)
+        elif self.quiet:
+            logger.setLevel(logging.WARNING)
+        if self.log_file is not None:
+            handler = logging.FileHandler(self.log_file)
+            handler.setFormatter(logging.Formatter("[bisector] %(levelname)s %(message)s"))
+            logger.addHandler(handler)
+
+
+POLYGRAPHY_GROUPS: tuple[type, ...] = (Runners, Comparison, TrtBuilder, PolyLogging)
 
 
 def split_options(flat: Mapping[str, Any], groups: tuple[type, ...] = GROUPS, **given: Any) -> dict[type, Any]:

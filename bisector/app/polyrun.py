@@ -122,14 +122,16 @@ def polyrun(model: str | Path, fp32: Iterable[str] = (), *, constraints: str | P
 
     reference: RunnerResult | None = None
     if runners.onnxrt:
-        names = _wanted(catalog, runners.onnx_outputs, all_tensors, "--onnx-outputs")
+        names = _excluded(_wanted(catalog, runners.onnx_outputs, all_tensors, "--onnx-outputs"),
+                          runners.onnx_exclude_outputs)
         reference = _run_onnxrt(catalog, feeds_list, names)
         results.append(reference)
     loaded: RunnerResult | None = None
     if inputs.load_outputs is not None:
         loaded = _load_outputs(catalog, Path(inputs.load_outputs), runners, len(feeds_list))
     if runners.trt:
-        names = _wanted(catalog, runners.trt_outputs, all_tensors, "--trt-outputs")
+        names = _excluded(_wanted(catalog, runners.trt_outputs, all_tensors, "--trt-outputs"),
+                          runners.trt_exclude_outputs)
         results.append(_run_trt(catalog, feeds_list, names, runners.trt_outputs == ["*"], precision, fp32_nodes,
                                 backend, report))
     for r in results:
@@ -228,6 +230,10 @@ def _wanted(catalog: Catalog, marked: list[str] | None, all_tensors: list[str], 
     if unknown:
         raise UsageError(f"{flag}: no tensor named {', '.join(repr(t) for t in unknown)} in {catalog.path.name}")
     return list(marked)
+
+
+def _excluded(names: list[str], exclude: list[str] | None) -> list[str]:
+    return [t for t in names if t not in set(exclude or ())]
 
 
 def _run_onnxrt(catalog: Catalog, feeds_list: Sequence[Feeds], names: list[str]) -> RunnerResult:

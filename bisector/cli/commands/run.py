@@ -10,7 +10,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from bisector.app.options import BackendChoice, Cache, Comparison, Inputs, Runners, Tolerances, TrtBuilder
+from bisector.app.options import (BackendChoice, Cache, Comparison, Inputs, PolyLogging, Runners, Tolerances,
+                                  TrtBuilder)
 from bisector.cli.options import (ConstraintsIn, Fp32Nodes, JsonOut, Model, Verbose, command, human_output,
                                   setup_logging, write_json)
 
@@ -26,7 +27,7 @@ Fp16Opt = Annotated[Optional[bool], typer.Option("--fp16", help="FP16 for the la
                                                  show_default=False)]
 
 
-@command(Inputs, Tolerances, BackendChoice, Cache, Runners, Comparison, TrtBuilder)
+@command(Inputs, Tolerances, BackendChoice, Cache, Runners, Comparison, TrtBuilder, PolyLogging)
 def run(model: Model, fp16: Fp16Opt = None, fp32: Fp32Nodes = None, constraints: ConstraintsIn = None,
         mark_all: MarkAll = False, save_outputs: SaveOutputs = None, json_out: JsonOut = None,
         verbose: Verbose = False, *, opts) -> None:
@@ -37,6 +38,7 @@ def run(model: Model, fp16: Fp16Opt = None, fp32: Fp32Nodes = None, constraints:
     from bisector.cli.argv import current_argv
 
     setup_logging(verbose)
+    opts[PolyLogging].apply()
     runners: Runners = opts[Runners]
     started = time.perf_counter()
     if runners.gen_script is not None:
