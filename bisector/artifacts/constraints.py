@@ -48,6 +48,8 @@ class Constraints(BaseModel):
                                     "on its worst input set")
     headroom: Optional[float] = Field(None, description="1 - (worst error / tolerance) of the final set on the "
                                       "backend that judged it; None when it does not pass")
+    confirmed_on: Optional[str] = Field(None, description="the backend that re-judged (and, where needed, extended) "
+                                        "the final set with --confirm-on")
     machine: dict[str, str] = Field(default_factory=dict, description="CPU, instruction set and ONNX Runtime "
                                     "version the verdicts were measured with")
     worst_input_set: int = Field(0, description="index of the input set on which the final plan is furthest from "

@@ -18,6 +18,7 @@ import onnxruntime as ort
 from bisector import __version__
 from bisector.model.catalog import Catalog
 from bisector.backends.emulate.executor import NodeExecutor, Overlay, feeds_digest
+from bisector.fp16.arithmetic import check_mode, rules_tag
 from bisector.fp16.rules import round_activation, round_activation_bf16, round_weight, round_weight_bf16
 from bisector.model.optable import PRESERVES_FP16
 from bisector.fp16.plan import Plan
@@ -26,7 +27,9 @@ from bisector.fp16.plan import Plan
 class EmulateBackend:
     name = "emulate"
 
-    def __init__(self, threads: int = 0, reference_cache_size: int = 8, block_size: int = 8, storage: str = "fp16"):
+    def __init__(self, threads: int = 0, reference_cache_size: int = 8, block_size: int = 8,
+                 arithmetic: str = "storage", storage: str = "fp16"):
+        self.arithmetic = check_mode(arithmetic)
         if storage not in ("fp16", "bf16"):
             raise ValueError(f"storage {storage!r}: fp16 or bf16")
         self.storage = storage  # what the plan's non-FP32 nodes store: FP16 (default) or BF16 (`run --trt --bf16`)
@@ -46,14 +49,16 @@ class EmulateBackend:
         import onnx
 
         half = onnx.TensorProto.BFLOAT16 if self.storage == "bf16" else onnx.TensorProto.FLOAT16
-        self.executor = NodeExecutor(catalog, threads=self.threads, block_size=self.block_size, half=half)
+        self.executor = NodeExecutor(catalog, threads=self.threads, block_size=self.block_size,
+                                     arithmetic=self.arithmetic, half=half)
         self._references.clear()
         self._boundaries.clear()
         self._feeds_keys.clear()
         self._rounded_weights.clear()
 
     def describe(self) -> dict[str, str]:
-        return {"backend": self.name, "onnxruntime": ort.__version__, "rules": f"{self.storage}-storage-v1", "bisector": __version__}
+        rules = rules_tag(self.arithmetic) if self.storage == "fp16" else f"bf16-{rules_tag(self.arithmetic)}"
+        return {"backend": self.name, "onnxruntime": ort.__version__, "rules": rules, "bisector": __version__}
 
     def close(self) -> None:
         self.executor = None

@@ -54,7 +54,6 @@ def run(model: Model, fp16: Fp16Opt = None, fp32: Fp32Nodes = None, constraints:
 
 def _evaluate(model, fp16, fp32, constraints, mark_all, save_outputs, json_out, opts) -> None:
     from bisector.app import api
-    from bisector.artifacts.report_text import format_comparison
 
     runners: Runners = opts[Runners]
     wanted = list(fp32 or [])
@@ -74,7 +73,7 @@ def _evaluate(model, fp16, fp32, constraints, mark_all, save_outputs, json_out, 
     for i, comparisons in enumerate(r.comparisons):
         say(f"Input set {i}: {len(r.plan.fp32)} FP32 node(s), {len(r.plan.fp16)} FP16 node(s)")
         for c in comparisons.values():
-            say(format_comparison(c))
+            say(api.format_comparison(c))
             prev = report["outputs"].get(c.name)
             if prev is None or (prev["passed"] and not c.passed):
                 report["outputs"][c.name] = c.to_json()
