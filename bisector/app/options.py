@@ -290,7 +290,7 @@ class Runners:
                                         help="Write a Python script that reproduces this run, and exit.")
 
     def __post_init__(self) -> None:
-        self.layer_precisions = _layer_precisions(self.layer_precisions)
+        self.layer_precisions = parse_layer_precisions(self.layer_precisions)
         self.trt_npps = list(self.trt_npps or [])
         self.trt_outputs = _marked(self.trt_outputs, "--trt-outputs")
         self.onnx_outputs = _marked(self.onnx_outputs, "--onnx-outputs")
@@ -300,7 +300,7 @@ class Runners:
                              f"need TensorRT)")
 
 
-def _layer_precisions(value: Any) -> dict[str, str]:
+def parse_layer_precisions(value: Any) -> dict[str, str]:
     if value is None:
         return {}
     if isinstance(value, Mapping):

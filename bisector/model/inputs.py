@@ -214,9 +214,19 @@ def save_inputs(path: Path, feeds_list: Sequence[Feeds]) -> None:
 
 
 def inputs_digest(feeds_list: Sequence[Feeds]) -> str:
-    from bisector.backends.emulate.executor import feeds_digest
-
     h = hashlib.sha256()
     for feeds in feeds_list:
         h.update(feeds_digest(feeds).encode())
+    return h.hexdigest()
+
+
+def feeds_digest(feeds) -> str:
+    """A content digest of one input set (names, dtypes, shapes, bytes)."""
+    h = hashlib.sha256()
+    for name in sorted(feeds):
+        a = np.ascontiguousarray(feeds[name])
+        h.update(name.encode())
+        h.update(str(a.dtype).encode())
+        h.update(str(a.shape).encode())
+        h.update(a.tobytes())
     return h.hexdigest()

@@ -24,6 +24,7 @@ import onnxruntime as ort
 from onnx import helper
 
 from bisector.model.catalog import Catalog
+from bisector.model.inputs import feeds_digest  # noqa: F401  (its home is the model layer; re-exported here)
 from bisector.errors import BackendFailure
 from bisector.fp16.arithmetic import split_bias_epilogue
 
@@ -37,17 +38,6 @@ _NP_TO_ONNX = {np.dtype(k): v for k, v in {
 
 # (node name, explicit input index or None for outer-scope values, tensor, array) -> (array, round to FP16?)
 InputHook = Callable[[str, int | None, str, np.ndarray], tuple[np.ndarray, bool]]
-
-
-def feeds_digest(feeds: Mapping[str, np.ndarray]) -> str:
-    h = hashlib.sha256()
-    for name in sorted(feeds):
-        a = np.ascontiguousarray(feeds[name])
-        h.update(name.encode())
-        h.update(str(a.dtype).encode())
-        h.update(str(a.shape).encode())
-        h.update(a.tobytes())
-    return h.hexdigest()
 
 
 class NodeExecutor:

@@ -12,6 +12,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from bisector.app import api
 from bisector.cli.options import Fp32Nodes, Model, Verbose, setup_logging
 
 Output = Annotated[Optional[Path], typer.Option("-o", "--output", help="Where to write the converted model.")]
@@ -25,40 +26,7 @@ def convert(ctx: typer.Context, model: Model, output: Output = None, fp16: Annot
             model_type: Annotated[Optional[str], typer.Option("--model-type", help="onnx (default).")] = None,
             verbose: Verbose = False) -> None:
     """Convert a model as `polygraphy convert` does: mixed-precision ONNX here; TensorRT engines need TensorRT."""
-    from bisector.app.polyrun import check_model, needs_tensorrt
-    from bisector.errors import UsageError
-
     setup_logging(verbose)
-    check_model(Path(model), model_type, command="convert")
-    if output is None:
-        raise UsageError("convert: give the output file with -o FILE")
-    if convert_to == "trt" or (convert_to is None and output.suffix in (".engine", ".plan", ".trt")):
-        raise needs_tensorrt(
-            f"convert -o {output.name}: building a TensorRT engine",
-            f"keep the ONNX model and compare with `bisector run {Path(model).name} --trt --fp16 --onnxrt` (emulated "
-            f"on the CPU, or --backend tensorrt where TensorRT is installed); `bisector precision "
-            f"{Path(model).name} --fp16 -o DIR` writes the FP32 layer set and a mixed-precision ONNX for "
-            f"`trtexec --onnx=... --stronglyTyped`; or run `polygraphy convert` on a machine with TensorRT.")
-    if ctx.args:
-        raise UsageError(f"convert: option(s) {' '.join(ctx.args)} apply to TensorRT builds only")
-    if convert_to not in (None, "onnx") or output.suffix not in (".onnx",):
-        raise UsageError(f"convert -o {output}: bisector writes ONNX only (-o FILE.onnx)")
-    from bisector.files import write_bytes_atomic
-    from bisector.fp16.mixed import build_mixed_model
-    from bisector.fp16.plan import Plan
-    from bisector.model.catalog import Catalog
-
-    cat = Catalog.load(Path(model))
-    keep = set(fp32 or [])
-    unknown = cat.unknown(sorted(keep))
-    if unknown:
-        raise UsageError(f"node(s) not in the model: {unknown}")
-    if layer_precisions:
-        from bisector.app.options import _layer_precisions
-        from bisector.backends.trt_layers import layer_precisions_to_plan
-
-        keep |= set(layer_precisions_to_plan(cat, _layer_precisions(layer_precisions)))
-    plan = Plan(frozenset(n for n in keep if n in cat.candidates), cat.candidates) if fp16 else \
-        Plan.all_fp32(cat.candidates)
-    write_bytes_atomic(output, build_mixed_model(cat, plan).SerializeToString())
-    typer.echo(f"[I] Saved model to {output}")
+    out = api.convert(model, output, fp16=fp16, fp32=fp32 or [], layer_precisions=layer_precisions,
+                      convert_to=convert_to, model_type=model_type, extra_args=list(ctx.args))
+    typer.echo(f"[I] Saved model to {out}")

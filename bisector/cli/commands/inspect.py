@@ -28,7 +28,6 @@ def inspect(
     and dtypes, and the TensorRT layer name each node will have. `--json FILE` (or `--json -` for stdout
     only) writes the same as JSON. Polygraphy's forms work too: `inspect model FILE [--display-as trt]`,
     `inspect data FILE` (inputs or outputs saved with --save-inputs/--save-outputs)."""
-    from bisector.app.polyrun import check_model
     from bisector.errors import UsageError
 
     setup_logging(verbose)
@@ -41,7 +40,7 @@ def inspect(
     if kind == "data":
         _print_data(model)
         return
-    check_model(model, None, command="inspect model")
+    api.check_model(model, None, command="inspect model")
     if display_as not in (None, "onnx", "trt"):
         raise UsageError(f"--display-as {display_as!r}: choose onnx or trt")
     if mode not in (None, "none", "basic", "layers", "attrs", "full"):
@@ -57,75 +56,47 @@ def inspect(
 
 
 def _print_trt(model: Path, mode: Optional[str], show: list[str]) -> None:
-    """The network as TensorRT's ONNX parser would build it: Polygraphy's `inspect model --display-as=trt`."""
-    from bisector.backends.trt_layers import predict_layers
-    from bisector.model.catalog import Catalog
-
-    cat = Catalog.load(model)
-    layers = predict_layers(cat)
-    doc = api.inspect(model)
-    typer.echo(f"[I] ==== TensorRT Network (predicted from the ONNX parser's naming; no TensorRT used) ====")
-    typer.echo(f"    Name: {cat.model.graph.name} | Explicit Batch Network")
-    typer.echo("")
-    typer.echo(f"    ---- {len(doc['inputs'])} Network Input(s) ----")
-    for x in doc["inputs"]:
-        typer.echo(f"    {{{x['name']} [dtype={x['dtype']}, shape={tuple(x['shape'] or ())}]}}")
-    typer.echo("")
-    typer.echo(f"    ---- {len(doc['outputs'])} Network Output(s) ----")
-    for x in doc["outputs"]:
-        typer.echo(f"    {{{x['name']} [dtype={x['dtype']}, shape={tuple(x['shape'] or ())}]}}")
-    typer.echo("")
-    typer.echo(f"    ---- {len(layers)} Layer(s) ----")
-    detail = mode in ("layers", "attrs", "full") or "layers" in show or "attrs" in show
-    if detail:
-        for i, layer in enumerate(layers):
-            pinned = " (pinned FP32: " + cat.pinned[layer.owner] + ")" if layer.owner in cat.pinned else ""
-            typer.echo(f"    Layer {i:<4} | {layer.name} [Op: {layer.op_type}] {layer.metadata}{pinned}")
-            typer.echo(f"        {{{', '.join(layer.inputs)}}}")
-            typer.echo(f"         -> {{{', '.join(layer.outputs)}}}")
+    """Polygraphy's `inspect model --display-as=trt` layout."""
+    net = api.trt_network(model)
+    say = typer.echo
+    say("[I] ==== TensorRT Network (predicted from the ONNX parser's naming; no TensorRT used) ====")
+    say(f"    Name: {net['name']} | Explicit Batch Network")
+    for kind, title in (("inputs", "Network Input(s)"), ("outputs", "Network Output(s)")):
+        say("")
+        say(f"    ---- {len(net[kind])} {title} ----")
+        for x in net[kind]:
+            say(f"    {{{x['name']} [dtype={x['dtype']}, shape={tuple(x['shape'] or ())}]}}")
+    say("")
+    say(f"    ---- {len(net['layers'])} Layer(s) ----")
+    if mode in ("layers", "attrs", "full") or "layers" in show or "attrs" in show:
+        for i, layer in enumerate(net["layers"]):
+            pinned = f" (pinned FP32: {layer['pinned']})" if layer["pinned"] else ""
+            say(f"    Layer {i:<4} | {layer['name']} [Op: {layer['op']}] {layer['metadata']}{pinned}")
+            say(f"        {{{', '.join(layer['inputs'])}}}")
+            say(f"         -> {{{', '.join(layer['outputs'])}}}")
 
 
 def _print_data(path: Path) -> None:
     """Polygraphy's `inspect data`: what an inputs or outputs file holds."""
-    import json as _json
+    doc = api.inspect_data(path)
 
-    import numpy as np
+    def line(a: dict) -> str:
+        stats = (f" | Stats: mean={a['mean']:.5g}, min={a['min']:.5g}, max={a['max']:.5g}" if "mean" in a else "")
+        return f"        {a['name']} [dtype={a['dtype']}, shape={tuple(a['shape'])}]{stats}"
 
-    from bisector.model.polyjson import decode_array
-    from bisector.errors import UsageError
-
-    try:
-        data = _json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise UsageError(f"file not found: {path}") from None
-    except ValueError as exc:
-        raise UsageError(f"{path} is not valid JSON ({exc})") from None
-
-    def line(name: str, obj: dict) -> str:
-        a = decode_array(obj, f"{path}:{name}")
-        stats = (f" | Stats: mean={float(np.mean(a)):.5g}, min={float(np.min(a)):.5g}, max={float(np.max(a)):.5g}"
-                 if a.size and a.dtype.kind in "fiub" else "")
-        return f"        {name} [dtype={a.dtype}, shape={a.shape}]{stats}"
-
-    if isinstance(data, list):
-        typer.echo(f"[I] ==== Data ({len(data)} iteration(s)) ====")
-        for i, feeds in enumerate(data):
+    if doc["kind"] == "inputs":
+        typer.echo(f"[I] ==== Data ({len(doc['iterations'])} iteration(s)) ====")
+        for i, arrays in enumerate(doc["iterations"]):
             typer.echo(f"    Iteration {i}:")
-            for k, v in feeds.items():
-                typer.echo(line(k, v))
-    elif isinstance(data, dict) and data.get("polygraphy_class") == "RunResults":
-        provenance = (data.get("bisector") or {}).get("runners", {})
-        typer.echo(f"[I] ==== Run Results ({len(data['lst'])} runner(s)) ====")
-        from bisector.model.polyjson import runner_precision
-
-        for name, iterations in data["lst"]:
-            typer.echo(f"    ---- {name} ({len(iterations)} iteration(s); precision: "
-                       f"{runner_precision(name, provenance)}) ----")
-            for i, it in enumerate(iterations):
-                for k, v in it.get("outputs", {}).items():
-                    typer.echo(line(f"[{i}] {k}", v))
+            for a in arrays:
+                typer.echo(line(a))
     else:
-        raise UsageError(f"{path}: neither Polygraphy inputs (a list) nor RunResults")
+        typer.echo(f"[I] ==== Run Results ({len(doc['runners'])} runner(s)) ====")
+        for r in doc["runners"]:
+            typer.echo(f"    ---- {r['name']} ({len(r['iterations'])} iteration(s); precision: {r['precision']}) ----")
+            for i, arrays in enumerate(r["iterations"]):
+                for a in arrays:
+                    typer.echo(line({**a, "name": f"[{i}] {a['name']}"}))
 
 
 def _print(doc: dict[str, Any]) -> None:
