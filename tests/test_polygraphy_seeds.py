@@ -46,7 +46,7 @@ def _debug_exists() -> bool:
 
 def to_bisector(command: str) -> tuple[list[str], dict[str, str]]:
     """The seed's command with the program name changed: env assignments apart, `> file` dropped, `...` (the
-    seed's "the rest of the command") standing for the seed model, and gpen_input.json (a file the seed never
+    seed's "the rest of the command") standing for the command before it, and gpen_input.json (a file the seed never
     writes; its next line names net_input.json) for net_input.json."""
     tokens = shlex.split(command.split(" > ")[0])
     env = {}
@@ -55,9 +55,18 @@ def to_bisector(command: str) -> tuple[list[str], dict[str, str]]:
         env[k] = v
     assert tokens[0] == "polygraphy"
     tokens = tokens[1:]
-    tokens = ["needs_constraints.onnx" if t == "..." else "net_input.json" if t == "gpen_input.json" else t
-              for t in tokens]
-    return tokens, env
+    out = []
+    for t in tokens:
+        if t == "...":
+            out += ELLIPSIS
+        else:
+            out.append("net_input.json" if t == "gpen_input.json" else t)
+    return out, env
+
+
+# `polygraphy run ... --trt-npps my_script.py:custom_func`: the seed's `...` is the command just before it.
+ELLIPSIS = ["needs_constraints.onnx", "--onnxrt", "--trt", "--fp16", "--precision-constraints", "obey",
+            "--val-range", "x:[1,2]", "--check-error-stat", "median"]
 
 
 def _workdir(root: Path) -> Path:
@@ -130,3 +139,25 @@ def test_seed_walkthrough_numbers(monkeypatch, tmp_path, capsys):
     assert re.search(r"trt-runner-N0-\S+: sub_out \| Stats: mean=0, .*median=0,", sub)
     assert "Minimum Required Tolerance: median error | [abs=1.5] OR [rel=1]" in sub
     assert "FAILED | Output: 'add_out'" in text and "FAILED | Output: 'sub_out'" in text
+
+
+SEEDS = Path("/work/shared/seeds")
+
+
+@pytest.mark.skipif(not SEEDS.is_dir(), reason="the seed walkthroughs are not on this machine")
+def test_data_file_holds_every_seed_command_line():
+    """The data file is the seeds' command lines, none missing (continuation lines joined)."""
+    found = []
+    for f in sorted(SEEDS.glob("*.txt")):
+        lines = f.read_text().split("\n")
+        i = 0
+        while i < len(lines):
+            line = lines[i]
+            if re.search(r"(^|\s)polygraphy ", line) and not line.lstrip().startswith("#"):
+                start, cmd = i + 1, line
+                while cmd.rstrip().endswith("\\"):
+                    i += 1
+                    cmd = cmd.rstrip()[:-1].rstrip() + " " + lines[i].strip()
+                found.append((f"{f.name}:{start}", " ".join(cmd.split())))
+            i += 1
+    assert found == [(s, c) for s, _, c in LINES]

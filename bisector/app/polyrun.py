@@ -371,6 +371,10 @@ def _compare_runners(other: RunnerResult, golden: RunnerResult, tol, comparison:
             continue
         for t in common:
             a, g = np.asarray(outs[t]), np.asarray(gold[t])
+            if a.shape != g.shape and "file" in golden.provenance:
+                raise UsageError(f"--load-outputs {golden.provenance['file']} (runner {golden.name}): output {t!r} has "
+                                 f"shape {list(g.shape)}, {other.name} gives {list(a.shape)}; the golden outputs come "
+                                 f"from another model or other input shapes")
             if comparison.compare_func == "indices":
                 ok, reason = indices_match(a, g, comparison.index_tolerance)
                 c = compare_output(t, a, g, tol, keep_diff=False) if a.shape == g.shape else \
