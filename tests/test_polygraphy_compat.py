@@ -262,3 +262,13 @@ def test_quiet_and_excluded_outputs(capsys):
                     "all", "--onnx-outputs", "mark", "all", "--onnx-exclude-outputs", "add_out", "-q") == 1
     out = capsys.readouterr().out
     assert "Comparing Output: 'sub_out'" in out and "Comparing Output: 'add_out'" not in out
+
+
+def test_gen_script_reruns_the_same_command(tmp_path):
+    script = tmp_path / "compare.py"
+    assert main_cli("run", SEED, "--trt", "--onnxrt", "--val-range", "x:[1,2]", f"--gen-script={script}") == 0
+    text = script.read_text()
+    assert "--gen-script" not in text.split("main(")[1]
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "PASSED" in r.stdout

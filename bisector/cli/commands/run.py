@@ -92,10 +92,11 @@ def _polyrun(model, fp16, fp32, constraints, save_outputs, json_out, opts, start
                 comparison=opts[Comparison], trt_builder=opts[TrtBuilder], save_outputs=save_outputs,
                 inputs=opts[Inputs], tolerances=opts[Tolerances], backend=opts[BackendChoice], cache=opts[Cache])
     say = human_output(json_out)
+    shown = "bisector " + " ".join(argv) if argv else "bisector run"
+    say(f"[I] RUNNING | Command: {shown}")
     for line in r.report:
         say(line)
     runtime = time.perf_counter() - started
-    shown = "bisector " + " ".join(argv) if argv else "bisector run"
     say(f"[{'I' if r.passed else 'E'}] {'PASSED' if r.passed else 'FAILED'} | Runtime: {runtime:.3f}s | "
         f"Command: {shown}")
     if json_out is not None:
