@@ -156,3 +156,13 @@ def test_confirm_on_rejudges_the_set_on_another_backend(tmp_path):
     assert r.fp32_nodes == ["Add", "Sub"] and r.constraints.confirmed_on == "emulate"
     with pytest.raises(UsageError):
         bisector.precision(seed, val_range={"x": (1, 2)}, atol=1e-1, no_cache=True, confirm_on="ort-cuda")
+
+
+def test_objective_is_recorded_with_the_sets_cost():
+    import bisector
+
+    seed = ROOT / "fixtures" / "needs_constraints.onnx"
+    r = bisector.precision(seed, val_range={"x": (1, 2)}, atol=1e-1, no_cache=True, objective="flops")
+    c = r.constraints
+    assert c.objective == "flops" and r.fp32_nodes == ["Add", "Sub"]
+    assert 0 < c.fp32_cost["set"] < c.fp32_cost["all_candidates"]

@@ -67,6 +67,13 @@ def _per_output(value: Any, default: Any, flag: str, parse) -> PerOutput:
     return parse([str(value)])
 
 
+def _check_backend(name: str, flag: str) -> None:
+    from bisector.backends import BACKENDS
+
+    if name not in BACKENDS:
+        raise UsageError(f"{flag} {name!r}: choose one of {', '.join(BACKENDS)}")
+
+
 @dataclass
 class Inputs:
     """Inputs: generated like Polygraphy's data loader, or loaded from files; golden outputs from a file."""
@@ -174,10 +181,7 @@ class BackendChoice:
                                           help="Keep each candidate's TensorRT engine in this directory.")
 
     def __post_init__(self) -> None:
-        from bisector.backends import BACKENDS
-
-        if self.backend not in BACKENDS:
-            raise UsageError(f"--backend {self.backend!r}: choose one of {', '.join(BACKENDS)}")
+        _check_backend(self.backend, "--backend")
         from bisector.fp16.arithmetic import check_mode
 
         self.fp16_arithmetic = check_mode(self.fp16_arithmetic)
@@ -213,6 +217,9 @@ class Search:
     panel: ClassVar[str] = "Search"
     strategy: str = option("--strategy", default="auto",
                            help="Search strategy plugin (entry-point group bisector.strategies).")
+    objective: str = option("--objective", default="count",
+                            help="What the smallest set minimises: count (nodes) or flops (estimated FP32 cost: "
+                                 "one Add is cheaper to keep than one MatMul).")
     direction: Optional[str] = option("--direction", default=None,
                                       help="bisect/linear: forward (FP32 prefix) or reverse (suffix).")
     scores: Optional[str] = option("--scores", default=None,
@@ -235,11 +242,10 @@ class Search:
     def __post_init__(self) -> None:
         if self.direction not in (None, "forward", "reverse"):
             raise UsageError(f"--direction {self.direction!r}: choose forward or reverse")
+        if self.objective not in ("count", "flops"):
+            raise UsageError(f"--objective {self.objective!r}: choose count or flops")
         if self.confirm_on is not None:
-            from bisector.backends import BACKENDS
-
-            if self.confirm_on not in BACKENDS:
-                raise UsageError(f"--confirm-on {self.confirm_on!r}: choose one of {', '.join(BACKENDS)}")
+            _check_backend(self.confirm_on, "--confirm-on")
         if self.max_evals is not None and self.max_evals < 1:
             raise UsageError(f"--max-evals {self.max_evals}: must be at least 1")
         if self.time_limit is not None and not (self.time_limit > 0 and math.isfinite(self.time_limit)):

@@ -89,6 +89,11 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
             hints["scores"] = {n["name"]: n["score"] for n in profile_nodes}
         elif s.scores is not None:
             hints["scores"] = _load_scores(s.scores, cat.candidates)
+        from bisector.costs import node_costs
+
+        costs = node_costs(cat.model)  # estimated FP32 cost per node (reported; the objective with --objective flops)
+        if s.objective == "flops":
+            hints["costs"] = {n: costs.get(n, 1.0) for n in cat.candidates}
         start = _start_set(s.start_from, cat) if s.start_from is not None else None
         journal = job.journal(resume=s.resume)
         observers = [f for f in (on_verdict, progress.on_verdict if progress is not None else None) if f]
@@ -120,6 +125,9 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
                    "compare": sum(v.seconds.get("compare", 0.0) for v in oracle.history), "plot": t_plot}
         constraints = _constraints(job, Path(model), result, s.strategy, timings)
         constraints.confirmed_on = confirmed_on
+        constraints.objective = s.objective
+        constraints.fp32_cost = {"set": sum(costs.get(n, 1.0) for n in result.fp32),
+                                 "all_candidates": sum(costs.get(n, 1.0) for n in cat.candidates)}
         paths = None
         if output_dir is not None:
             from bisector.artifacts.write import write_artifacts
