@@ -139,6 +139,23 @@ def test_seed_walkthrough_numbers(monkeypatch, tmp_path, capsys):
     assert re.search(r"trt-runner-N0-\S+: sub_out \| Stats: mean=0, .*median=0,", sub)
     assert "Minimum Required Tolerance: median error | [abs=1.5] OR [rel=1]" in sub
     assert "FAILED | Output: 'add_out'" in text and "FAILED | Output: 'sub_out'" in text
+    # Line for line the seed's log (000_71cc…): the same generated inputs give the same FP32 reference statistics
+    # (down to the argmin/argmax positions) and the same error metrics.
+    for line in (
+        ": add_out | Stats: mean=65506, std-dev=0.28889, var=0.083457, median=65506, min=65505 at (0, 0, 0, 5), "
+        "max=65506 at (0, 0, 5, 165), avg-magnitude=65506",
+        "Minimum Required Tolerance: median error | [abs=1.5] OR [rel=2.2899e-05]",
+        "Absolute Difference | Stats: mean=1.4995, std-dev=0.28889, var=0.083457, median=1.5, min=1 at (0, 0, 0, 5), "
+        "max=2 at (0, 0, 5, 165), avg-magnitude=1.4995",
+        "Relative Difference | Stats: mean=2.2892e-05, std-dev=4.4101e-06, var=1.9449e-11, median=2.2899e-05, "
+        "min=1.5266e-05 at (0, 0, 0, 5), max=3.0532e-05 at (0, 0, 5, 165), avg-magnitude=2.2892e-05",
+        ": sub_out | Stats: mean=1.4995, std-dev=0.28889, var=0.083457, median=1.5, min=1 at (0, 0, 0, 5), "
+        "max=2 at (0, 0, 5, 165), avg-magnitude=1.4995",
+        "Relative Difference | Stats: mean=1, std-dev=0, var=0, median=1, min=1 at (0, 0, 0, 0), max=1 at "
+        "(0, 0, 0, 0), avg-magnitude=1",
+        "FAILED | Output: 'sub_out' | Difference exceeds tolerance (rel=1e-05, abs=1e-05)",
+    ):
+        assert line in text, line
 
 
 SEEDS = Path("/work/shared/seeds")
