@@ -272,3 +272,17 @@ def test_gen_script_reruns_the_same_command(tmp_path):
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "PASSED" in r.stdout
+
+
+def test_load_outputs_takes_several_files_and_picks_the_reference(tmp_path):
+    """Polygraphy's `--load-outputs A B`: runners from every file; the FP32 reference among them is golden."""
+    from bisector.model.polyjson import run_results_many
+
+    ref, other = tmp_path / "ref.json", tmp_path / "trt.json"
+    assert main_cli("run", SEED, "--onnxrt", "--val-range", "x:[1,2]", "--save-outputs", ref) == 0
+    other.write_text(run_results_many([("trt-runner-N0-x", [{"y": np.zeros((1, 1, 256, 256), np.float32)}], [0.0],
+                                        {"precision": "fp16"})]))
+    common = ["--val-range", "x:[1,2]", "--check-error-stat", "median"]
+    assert main_cli("run", SEED, "--trt", "--fp16", "--layer-precisions", "Add:float32", "Sub:float32",
+                    "--load-outputs", other, ref, *common) == 0
+    assert main_cli("run", SEED, "--trt", "--fp16", "--load-outputs", other, ref, *common) == 1

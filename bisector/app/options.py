@@ -89,8 +89,9 @@ class Inputs:
                               help="Input sets: Polygraphy JSON (polygraphy run --save-inputs) or .npz.")
     save_inputs: Optional[Path] = option("--save-inputs", default=None,
                                          help="Save the input sets used (Polygraphy JSON, or .npz).")
-    load_outputs: Optional[Path] = option("--load-outputs", "--load-results", default=None,
-                                          help="Golden outputs (Polygraphy RunResults JSON) instead of running ORT FP32.")
+    load_outputs: Any = option("--load-outputs", "--load-results", multi=True, cli=Optional[list[Path]], default=None,
+                               help="Golden outputs (Polygraphy RunResults JSON, one or more files) instead of running "
+                                    "ORT FP32; the FP32 reference runner among them is golden.")
     data_loader_script: Optional[str] = option("--data-loader-script", default=None,
                                                help="Polygraphy data loader script FILE[:FUNC] (default load_data): "
                                                     "FUNC() returns or yields {input: array} per iteration.")
@@ -107,6 +108,11 @@ class Inputs:
             self.input_shapes = parse_input_shapes(tokens)
         else:
             self.input_shapes = {k: tuple(int(d) for d in v) for k, v in dict(self.input_shapes).items()}
+        if isinstance(self.load_outputs, (list, tuple)):  # several files: Polygraphy's nargs="+"
+            files = [Path(p) for p in self.load_outputs]
+            self.load_outputs = None if not files else files[0] if len(files) == 1 else files
+        elif self.load_outputs is not None:
+            self.load_outputs = Path(self.load_outputs)
         if isinstance(self.load_inputs, (str, Path)):
             self.load_inputs = [self.load_inputs]
         self.load_inputs = [Path(p) for p in (self.load_inputs or [])]

@@ -130,7 +130,7 @@ def polyrun(model: str | Path, fp32: Iterable[str] = (), *, constraints: str | P
         results.append(reference)
     loaded: RunnerResult | None = None
     if inputs.load_outputs is not None:
-        loaded = _load_outputs(catalog, Path(inputs.load_outputs), runners, len(feeds_list))
+        loaded = _load_outputs(catalog, inputs.load_outputs, runners, len(feeds_list))
     if runners.trt:
         names = _excluded(_wanted(catalog, runners.trt_outputs, all_tensors, "--trt-outputs"),
                           runners.trt_exclude_outputs)
@@ -320,7 +320,7 @@ def backend_input_shapes(feeds_list: Sequence[Feeds]) -> dict[str, tuple[int, ..
     return {k: tuple(np.shape(v)) for k, v in feeds_list[0].items()} if feeds_list else {}
 
 
-def _load_outputs(catalog: Catalog, path: Path, runners: Runners, n_sets: int) -> RunnerResult:
+def _load_outputs(catalog: Catalog, path: Path | list[Path], runners: Runners, n_sets: int) -> RunnerResult:
     from bisector.model.golden import check_declared
     from bisector.model.polyjson import load_golden_runner
 
@@ -333,7 +333,8 @@ def _load_outputs(catalog: Catalog, path: Path, runners: Runners, n_sets: int) -
     for i, o in enumerate(outs[:n_sets]):
         check_declared(catalog, o, f"--load-outputs {path} (runner {name}, iteration {i})")
     log.info("golden outputs: runner %s of %s", name, path)
-    return RunnerResult(name, precision, outs[:n_sets], [0.0] * n_sets, {"precision": precision, "file": str(path)})
+    shown = ", ".join(map(str, path)) if isinstance(path, list) else str(path)
+    return RunnerResult(name, precision, outs[:n_sets], [0.0] * n_sets, {"precision": precision, "file": shown})
 
 
 def _validate(results: Sequence[RunnerResult], report: list[str]) -> list[str]:

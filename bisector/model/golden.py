@@ -54,12 +54,14 @@ def get_golden(
     catalog: Catalog,
     feeds_list: Sequence[Feeds],
     cache_dir: Path | None,
-    load_outputs: Path | None = None,
+    load_outputs: Path | Sequence[Path] | None = None,
     *, golden_runner: str | None = None, allow_reduced_golden: bool = False, outputs: Sequence[str] | None = None,
     check: bool = True,
 ) -> Golden:
     if load_outputs is not None:
-        runner, outs, precision = load_golden_runner(Path(load_outputs), golden_runner, allow_reduced_golden)
+        files = [Path(p) for p in load_outputs] if isinstance(load_outputs, (list, tuple)) else [Path(load_outputs)]
+        runner, outs, precision = load_golden_runner(files, golden_runner, allow_reduced_golden)
+        load_outputs = ", ".join(map(str, files))  # type: ignore[assignment]
         if precision == "unknown":
             log.warning("--load-outputs %s: runner %s does not say in which precision it ran; using it as golden "
                         "because it was named", load_outputs, runner)
@@ -73,7 +75,7 @@ def get_golden(
             if missing:
                 raise UsageError(f"--load-outputs {load_outputs} (runner {runner}, iteration {i}): missing output(s) {missing}")
             check_declared(catalog, o, f"--load-outputs {load_outputs} (runner {runner}, iteration {i})")
-        golden = Golden([{k: spill(o[k]) for k in wanted} for o in outs], "file", 0, 0.0, Path(load_outputs), runner)
+        golden = Golden([{k: spill(o[k]) for k in wanted} for o in outs], "file", 0, 0.0, files[0], runner)
         if check:
             check_finite(golden)
         return golden

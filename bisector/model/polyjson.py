@@ -126,17 +126,23 @@ def runner_precision(name: str, provenance: Mapping[str, Any]) -> str:
     return "unknown"
 
 
-def load_golden_runner(path: Path, runner: str | None = None, allow_reduced: bool = False) -> tuple[str, list[Feeds], str]:
+def load_golden_runner(path: Path | Sequence[Path], runner: str | None = None,
+                       allow_reduced: bool = False) -> tuple[str, list[Feeds], str]:
     """(runner, outputs per iteration, precision) of the runner of a RunResults file that may serve as golden:
     the one named, else the first FP32 reference runner. A reduced-precision runner is refused unless
     `allow_reduced`; one of unknown precision (e.g. Polygraphy's trt-runner) must be named."""
-    data = _read_json(path)
-    if not isinstance(data, dict) or data.get("polygraphy_class") != "RunResults" or "lst" not in data:
-        raise UsageError(f"{path}: expected Polygraphy RunResults (polygraphy run --save-outputs)")
-    runs = data["lst"]
+    runs, provenance = [], {}
+    files = list(path) if isinstance(path, (list, tuple)) else [path]
+    for one in files:
+        data = _read_json(one)
+        if not isinstance(data, dict) or data.get("polygraphy_class") != "RunResults" or "lst" not in data:
+            raise UsageError(f"{one}: expected Polygraphy RunResults (polygraphy run --save-outputs)")
+        runs += data["lst"]
+        if isinstance(data.get("bisector"), dict):
+            provenance.update(data["bisector"].get("runners", {}))
+    path = ", ".join(map(str, files))  # type: ignore[assignment]
     if not runs:
         raise UsageError(f"{path}: the RunResults file holds no runner")
-    provenance = (data.get("bisector") or {}).get("runners", {}) if isinstance(data.get("bisector"), dict) else {}
     kinds = {r[0]: runner_precision(r[0], provenance) for r in runs}
     listing = ", ".join(f"{n} ({k})" for n, k in kinds.items())
     if runner is not None:
