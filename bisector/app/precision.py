@@ -255,7 +255,7 @@ def _constraints(job: Job, model: Path, result: SearchResult, strategy: str, tim
         tolerances=job.tolerance.describe(), inputs=job.inputs_info, fp32_nodes=sorted(result.fp32),
         passed=result.passed, minimal=result.minimal, stop_reason=result.stop_reason,
         evaluations=Evaluations(**result.evaluations),
-        golden=Golden(source=job.golden.source, reference_runs=job.golden.reference_runs),
+        golden=Golden(source=job.golden.source, reference_runs=job.golden.reference_runs, runner=job.golden.runner),
         strategy=strategy, candidates=len(cat.candidates), pinned=cat.pinned, timings=timings,
         outputs={k: v.to_json() for k, v in result.verdict.outputs.items()},
         worst_input_set=result.verdict.worst_set, headroom=_headroom(result.verdict), machine=machine_description(),

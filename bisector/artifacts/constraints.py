@@ -22,6 +22,7 @@ class Evaluations(BaseModel):
 class Golden(BaseModel):
     source: str = Field(description="computed | cache | file")
     reference_runs: int = 0
+    runner: Optional[str] = Field(default=None, description="source file: the runner of --load-outputs used as golden")
 
 
 class Constraints(BaseModel):

@@ -22,6 +22,7 @@ app = typer.Typer(
 )
 
 from bisector.cli.commands.batch import batch
+from bisector.cli.commands.convert import convert
 from bisector.cli.commands.inspect import inspect
 from bisector.cli.commands.precision import precision
 from bisector.cli.commands.profile import profile
@@ -34,6 +35,7 @@ app.command()(profile)
 app.command()(run)
 app.command()(verify)
 app.command()(batch)
+app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(convert)
 
 
 @app.command()
