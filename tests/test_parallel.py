@@ -359,3 +359,10 @@ def test_only_the_first_worker_writes_the_timing_cache(monkeypatch, tmp_path):
         with pytest.raises(Stop):
             spec.open()
     assert seen == [tmp_path / "t.cache", None]
+
+
+def test_confirm_on_uses_workers_too(tmp_path):
+    from bisector.app.precision import precision
+
+    r = precision(SEED, val_range={"x": (1, 2)}, atol=1e-1, no_cache=True, confirm_on="emulate", workers=2)
+    assert r.fp32_nodes == ["Add", "Sub"] and r.minimal and r.constraints.confirmed_on == "emulate"

@@ -169,12 +169,24 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
 
 def _confirm(model: Path, groups: dict, confirm: BackendChoice, s: Search, found: SearchResult) -> SearchResult:
     """Judge the set found here on the hardware backend; where it fails there, extend (then shrink) it there."""
-    with build_job(model, groups[Inputs], groups[Tolerances], confirm, groups[Cache]) as there:
+    executor = start_executor(confirm.backend, s.workers, s.ray, preload=WORKER_PRELOAD)  # workers there, too
+    try:
+        there = build_job(model, groups[Inputs], groups[Tolerances], confirm, groups[Cache])
+    except BaseException:
+        if executor is not None:
+            executor.close()
+        raise
+    with there:
         journal = there.journal(resume=s.resume)
         try:
             oracle = there.oracle(budget=Budget(max_evals=s.max_evals, time_limit=s.time_limit), journal=journal)
+            if executor is not None:
+                open_job_spec(executor, model, {**groups, BackendChoice: confirm}, there)
+                oracle.executor = executor
             result = run_search(oracle, s.strategy, {"direction": s.direction}, start=found.fp32)
         finally:
+            if executor is not None:
+                executor.close()
             if journal is not None:
                 journal.close()
     log.info("--confirm-on %s: the set of %d node(s) %s there; final set %d node(s)", confirm.backend,
