@@ -366,3 +366,30 @@ def test_confirm_on_uses_workers_too(tmp_path):
 
     r = precision(SEED, val_range={"x": (1, 2)}, atol=1e-1, no_cache=True, confirm_on="emulate", workers=2)
     assert r.fp32_nodes == ["Add", "Sub"] and r.minimal and r.constraints.confirmed_on == "emulate"
+
+
+def test_a_worker_that_cannot_open_the_job_is_an_error_not_a_hang(tmp_path):
+    from bisector.app.options import BackendChoice, Cache, Inputs, Tolerances
+    from bisector.app.precision import JobSpec
+
+    spec = JobSpec(tmp_path / "missing.onnx", Inputs(), Tolerances(), BackendChoice(), Cache(no_cache=True))
+    with ProcessPool(spec, 2) as pool:
+        oracle = Oracle(None, CANDS, [], [], None, executor=pool)
+        with pytest.raises(UsageError, match="could not open the job"):
+            oracle.evaluate(frozenset(CANDS))
+
+
+def test_ray_actor_that_cannot_open_the_job_names_the_cause(ray_local, tmp_path):
+    from bisector.app.options import BackendChoice, Cache, Inputs, Tolerances
+    from bisector.app.precision import JobSpec
+    from bisector.search.executors import RayPool
+
+    spec = JobSpec(tmp_path / "missing.onnx", Inputs(), Tolerances(), BackendChoice(), Cache(no_cache=True))
+    pool = RayPool(spec, 1)
+    try:
+        oracle = Oracle(None, CANDS, [], [], None, executor=pool)
+        with pytest.raises(BackendFailure, match="missing.onnx") as info:
+            oracle.evaluate(frozenset(CANDS))
+        assert info.value.exit_code == 3
+    finally:
+        pool.close()

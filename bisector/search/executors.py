@@ -522,55 +522,53 @@ class RayPool(Executor):
         attempts = [0] * len(plans)
         error: BisectorError | None = None
         stopped = False
-        try:
-            while True:
-                if error is None and not stopped:
-                    for slot in range(self.workers):
-                        if not queue:
-                            break
-                        if slot in busy or slot in dead:
-                            continue
-                        if not may_start():
-                            stopped = True
-                            break
-                        idx = queue.popleft()
-                        pending[self.actors[slot].evaluate.remote(plans[idx])] = (slot, idx)
-                        busy.add(slot)
-                if not pending:
-                    if error is not None:
-                        raise error
-                    if queue and not stopped and len(dead) == self.workers:
-                        raise BackendFailure("every Ray worker died; no plan could be judged")
-                    return
-                done, _ = ray.wait(list(pending), num_returns=1)
-                ref = done[0]
-                slot, idx = pending.pop(ref)
-                busy.discard(slot)
-                try:
-                    payload = ray.get(ref)
-                except RayTaskError as exc:  # the backend raised in the actor
-                    cause = exc.cause if getattr(exc, "cause", None) is not None else exc
-                    error = error or _error(_describe(cause), f"Ray worker {slot} failed on a plan with "
-                                                              f"{len(plans[idx])} FP32 node(s)")
-                    continue
-                except RayActorError as exc:  # the actor (its process or node) is gone
-                    attempts[idx] += 1
-                    if attempts[idx] > self.max_retries:
-                        error = error or BackendFailure(f"Ray worker {slot} died on a plan {attempts[idx]} time(s): "
-                                                        f"{type(exc).__name__}")
-                    else:
-                        log.warning("Ray worker %d died while judging a plan; retrying it elsewhere", slot)
-                        self.retried += 1
-                        queue.appendleft(idx)
-                    if self.restarts[slot] < self.max_restarts:
-                        self.restarts[slot] += 1
-                        self.actors[slot] = self._cls.remote(self.spec, slot)
-                    else:
-                        dead.add(slot)
-                    continue
-                yield idx, payload
-        finally:
-            pass  # an abandoned run: the actors finish their plans; the answers are dropped with the refs
+        while True:
+            if error is None and not stopped:
+                for slot in range(self.workers):
+                    if not queue:
+                        break
+                    if slot in busy or slot in dead:
+                        continue
+                    if not may_start():
+                        stopped = True
+                        break
+                    idx = queue.popleft()
+                    pending[self.actors[slot].evaluate.remote(plans[idx])] = (slot, idx)
+                    busy.add(slot)
+            if not pending:
+                if error is not None:
+                    raise error
+                if queue and not stopped and len(dead) == self.workers:
+                    raise BackendFailure("every Ray worker died; no plan could be judged")
+                return
+            done, _ = ray.wait(list(pending), num_returns=1)
+            ref = done[0]
+            slot, idx = pending.pop(ref)
+            busy.discard(slot)
+            try:
+                payload = ray.get(ref)
+            except RayTaskError as exc:  # the backend raised in the actor
+                cause = exc.cause if getattr(exc, "cause", None) is not None else exc
+                error = error or _error(_describe(cause), f"Ray worker {slot} failed on a plan with "
+                                                          f"{len(plans[idx])} FP32 node(s)")
+                continue
+            except RayActorError as exc:  # the actor (its process or node) is gone
+                attempts[idx] += 1
+                if attempts[idx] > self.max_retries:
+                    detail = str(exc).strip().splitlines()
+                    error = error or BackendFailure(f"Ray worker {slot} died on a plan {attempts[idx]} time(s) "
+                                                    f"({type(exc).__name__}: {' '.join(detail[-3:])[:600]})")
+                else:
+                    log.warning("Ray worker %d died while judging a plan; retrying it elsewhere", slot)
+                    self.retried += 1
+                    queue.appendleft(idx)
+                if self.restarts[slot] < self.max_restarts:
+                    self.restarts[slot] += 1
+                    self.actors[slot] = self._cls.remote(self.spec, slot)
+                else:
+                    dead.add(slot)
+                continue
+            yield idx, payload
 
     def describe(self) -> dict[str, Any]:
         return {"executor": self.kind, "workers": self.workers, "address": self.address}
