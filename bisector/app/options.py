@@ -249,7 +249,7 @@ class Search:
                                          "(GPU backends: one GPU each; emulate: the cores shared). With --ray: the "
                                          "number of Ray actors (default: the cluster's GPUs, or CPUs for emulate).")
     ray: Optional[str] = option("--ray", default=None,
-                                help="Judge plans on Ray actors (pip install 'bisector[ray]'): ray://host:10001, "
+                                help="Judge plans on Ray actors (needs the ray extra of bisector): ray://host:10001, "
                                      "auto (RAY_ADDRESS or the local cluster) or local (start one here).")
 
     def __post_init__(self) -> None:
