@@ -393,3 +393,20 @@ def test_ray_actor_that_cannot_open_the_job_names_the_cause(ray_local, tmp_path)
         assert info.value.exit_code == 3
     finally:
         pool.close()
+
+
+def test_time_limit_stops_a_batch_between_plans_and_keeps_what_finished():
+    import time as _time
+
+    def slow(fp32):
+        _time.sleep(0.15)
+        return synthetic_verdict(fp32, CULPRITS <= fp32)
+
+    journal = DictJournal()
+    oracle = Oracle(None, CANDS, [], [], None, journal=journal, budget=Budget(time_limit=0.4),
+                    executor=InProcess(evaluate=slow, workers=2))
+    sets = [frozenset(CANDS) - {f"n{i}"} for i in range(8)]
+    with pytest.raises(BudgetExhausted, match="time-limit"):
+        oracle.evaluate_many(sets)
+    assert 1 <= oracle.new < len(sets)
+    assert journal.recorded == sets[:oracle.new]  # in order, each journaled
