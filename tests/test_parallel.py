@@ -410,3 +410,43 @@ def test_time_limit_stops_a_batch_between_plans_and_keeps_what_finished():
         oracle.evaluate_many(sets)
     assert 1 <= oracle.new < len(sets)
     assert journal.recorded == sets[:oracle.new]  # in order, each journaled
+
+
+def test_driver_killed_mid_search_with_workers_resumes_from_the_journal(tmp_path, cache_dir):
+    import json
+    import signal
+    import sqlite3
+    import subprocess
+    import sys
+    import time as _time
+
+    from .conftest import main_cli
+
+    def rows() -> int:
+        path = cache_dir / "journal.sqlite"
+        if not path.exists():
+            return 0
+        try:
+            with sqlite3.connect(str(path), timeout=5) as db:
+                return db.execute("SELECT COUNT(*) FROM evaluations").fetchone()[0]
+        except sqlite3.Error:
+            return 0
+
+    spec = planted_spec()
+    args = [sys.executable, "-m", "bisector.cli.main", "precision", str(PLANTED), "--fp16", *spec["args"],
+            "--workers", "2", "-o", str(tmp_path / "killed"), "--cache-dir", str(cache_dir)]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = _time.time() + 120
+    while rows() < 6 and _time.time() < deadline and proc.poll() is None:
+        _time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    committed = rows()
+    assert committed >= 6 and not (tmp_path / "killed" / "constraints.json").exists()
+    out = tmp_path / "resumed"
+    assert main_cli("precision", PLANTED, "--fp16", *spec["args"], "--workers", "2", "-o", out,
+                    "--cache-dir", cache_dir) == 0
+    c = json.loads((out / "constraints.json").read_text())
+    assert c["fp32_nodes"] == sorted(spec["fp32_nodes"])
+    ev = c["evaluations"]
+    assert ev["cached"] >= committed and rows() == ev["total"]  # nothing judged twice
