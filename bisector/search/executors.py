@@ -483,8 +483,11 @@ class RayPool(Executor):
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:
             kw: dict[str, Any] = {"ignore_reinit_error": True, "log_to_driver": False}
+            target = None if address == "local" else address
+            if address == "auto" and os.environ.get("RAY_ADDRESS"):
+                target = os.environ["RAY_ADDRESS"]  # ray://host:10001 (Ray Client) or a GCS address
             try:
-                ray.init(address=None if address == "local" else address, **kw)
+                ray.init(address=target, **kw)
             except Exception as exc:  # noqa: BLE001 - a cluster that cannot be reached is the user's setting
                 raise UsageError(f"--ray {address}: cannot connect to Ray ({exc})") from None
         if workers is None:
