@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 from bisector.app.batch import BatchConfig, BatchResult, ModelEntry, load_config, run_batch
+from bisector.app.debug import Candidate, Check, DebugResult, debug_precision
 from bisector.app.evaluate import EvaluateResult, evaluate
 from bisector.app.inspect import inspect
 from bisector.app.options import BackendChoice, Cache, Inputs, Search, Tolerances
@@ -19,4 +20,5 @@ __all__ = [
     "precision", "verify", "evaluate", "profile", "inspect", "run_batch", "load_config",
     "PrecisionResult", "VerifyResult", "EvaluateResult", "ProfileResult", "BatchConfig", "BatchResult", "ModelEntry",
     "Inputs", "Tolerances", "BackendChoice", "Cache", "Search",
+    "debug_precision", "DebugResult", "Candidate", "Check",
 ]

@@ -244,7 +244,8 @@ class CommandChecker:
             shutil.move(str(art), str(dest))
 
     def close(self) -> None:
-        self.files.remove()
+        if self.opts.remove_intermediate:
+            self.files.remove()
         if self.files.engine_builder is not None:
             self.files.engine_builder.close()
 

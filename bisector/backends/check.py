@@ -233,7 +233,6 @@ class CandidateFiles:
 
     def write(self, plan: "Plan", iteration: int) -> dict[str, float]:
         """Write the files of `plan`; returns seconds per step."""
-        from bisector.artifacts.add_constraints import layer_precision_strings_for
         from bisector.files import write_bytes_atomic, write_text_atomic
         from bisector.fp16.mixed import build_mixed_model
 
@@ -242,15 +241,7 @@ class CandidateFiles:
         if self.precision == "bf16":
             model = to_bf16(model, self.catalog)
         write_bytes_atomic(self.onnx_path, model.SerializeToString())
-        order = {n: i for i, n in enumerate(self.catalog.candidates)}
-        doc = {
-            "fp32_nodes": sorted(plan.fp32), "fp16_nodes" if self.precision == "fp16" else "bf16_nodes":
-            sorted(plan.fp16, key=order.__getitem__), "precision": self.precision,
-            "pinned": dict(self.catalog.pinned), "model": str(self.catalog.path),
-            "model_sha256": self.catalog.sha256, "iteration": iteration, "onnx": self.onnx_path.name,
-            "layer_precisions": layer_precision_strings_for(self.catalog, sorted(plan.fp32)),
-        }
-        write_text_atomic(self.json_path, json.dumps(doc, indent=2) + "\n")
+        write_text_atomic(self.json_path, json.dumps(self.document(plan, iteration), indent=2) + "\n")
         seconds = {"write": time.perf_counter() - t0}
         if self.engine_builder is not None:
             t1 = time.perf_counter()
@@ -259,6 +250,25 @@ class CandidateFiles:
             seconds["engine"] = time.perf_counter() - t1
         self.written = self.paths()
         return seconds
+
+    def document(self, plan: "Plan", iteration: int) -> dict[str, Any]:
+        """`<base>.json`: a constraints.json (so `bisector run --constraints <base>.json` and `verify` read it)
+        with `passed: false` until judged, plus the FP16 nodes, layer-precision strings and the iteration."""
+        from bisector import __version__
+        from bisector.artifacts.add_constraints import layer_precision_strings_for
+        from bisector.artifacts.constraints import Constraints, Evaluations, Golden
+
+        order = {n: i for i, n in enumerate(self.catalog.candidates)}
+        doc = Constraints(
+            tool_version=__version__, model=str(self.catalog.path), model_sha256=self.catalog.sha256,
+            backend={"backend": "candidate"}, precision=self.precision, tolerances={}, inputs={},
+            fp32_nodes=sorted(plan.fp32), passed=False, minimal=False, evaluations=Evaluations(total=0, new=0, cached=0),
+            golden=Golden(source="none"), strategy="debug precision candidate", candidates=len(self.catalog.candidates),
+            pinned=dict(self.catalog.pinned)).model_dump(mode="json")
+        doc.update({f"{self.precision}_nodes": sorted(plan.fp16, key=order.__getitem__), "iteration": iteration,
+                    "onnx": self.onnx_path.name, "candidate": True,
+                    "layer_precisions": layer_precision_strings_for(self.catalog, sorted(plan.fp32))})
+        return doc
 
     def remove(self) -> None:
         for p in self.written:
