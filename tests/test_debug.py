@@ -186,7 +186,8 @@ def test_seed_lines_exit_2_without_tensorrt(work, line):
     assert "bisector run" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_seed_line_rewritten_to_the_candidate_json_runs_to_a_result(work):
+@pytest.mark.parametrize("how", ["--in-process", "--subprocess-check"])
+def test_seed_line_rewritten_to_the_candidate_json_runs_to_a_result(work, how):
     shutil.copy(SEED, work / "net_bs8.onnx")
     # the seed's golden workflow: inputs and ONNX-Runtime outputs saved in Polygraphy's formats
     assert main_cli("run", "net_bs8.onnx", "--fp16", "--fp32", "MatMul_0", "Add", "Sub", "MatMul_1",
@@ -199,14 +200,16 @@ def test_seed_line_rewritten_to_the_candidate_json_runs_to_a_result(work):
     cat = Catalog.load(work / "net_bs8.onnx")
     feeds = load_inputs([work / "net_input.json"], cat)
     (work / "onnx_res.json").write_text(run_results_to_json("onnxrt-runner", run_reference_model(cat, feeds), [0.0]))
-    line = ("debug precision net_bs8.onnx --fp16 --tactic-sources cublas --no-progress -o out --no-cache --check "
+    line = (f"debug precision net_bs8.onnx --fp16 --tactic-sources cublas {how} --no-progress -o out --no-cache --check "
             f"bisector run net_bs8.onnx --fp16 --constraints polygraphy_debug.json --load-inputs net_input.json "
             "--load-outputs onnx_res.json --atol 1e-1 --no-cache").split()
     bindir = str(Path(PY).parent)
     r = run_cli(*line, cwd=work, env={"PATH": bindir + ":" + __import__("os").environ["PATH"]})
     assert r.returncode == 0, r.stderr
     assert "FP32 nodes (2): Add Sub" in r.stdout
-    assert json.loads((work / "out" / "constraints.json").read_text())["fp32_nodes"] == ["Add", "Sub"]
+    c = json.loads((work / "out" / "constraints.json").read_text())
+    assert c["fp32_nodes"] == ["Add", "Sub"]
+    assert all(("in process" in v["reason"]) == (how == "--in-process") for v in c["check"]["verdicts"])
 
 
 def test_existing_iteration_artifact_is_not_overwritten(work):
@@ -319,3 +322,71 @@ def test_missing_check_and_missing_program_are_usage_errors(work):
     assert main_cli("debug", "precision", SEED, "--fp16", "--no-cache") == 2
     assert main_cli("debug", "precision", SEED, "--fp16", "--no-cache", "--check") == 2
     assert main_cli("debug", "precision", SEED, "--fp16", "--no-cache", "--check", "no-such-program-xyz") == 2
+
+
+@pytest.mark.parametrize("version", ["10.13.0.35", "11.0.0.1"])
+def test_engine_written_per_candidate_where_tensorrt_is_installed(work, monkeypatch, version):
+    """TensorRT present (the recording fake): an engine-naming check is accepted and every candidate gets its
+    polygraphy_debug.engine, built with its precisions (weak: layer.precision per FP32 node; strong: parsed from
+    the candidate's mixed ONNX)."""
+    import functools
+
+    from bisector.app import debug as debug_mod
+    from bisector.backends.check import EngineWriter
+
+    try:
+        from tests.fake_tensorrt import make_fake_cudart, make_fake_tensorrt
+    except ImportError:  # pragma: no cover
+        from fake_tensorrt import make_fake_cudart, make_fake_tensorrt  # type: ignore[no-redef]
+
+    trt = make_fake_tensorrt(version)
+
+    class FakeWriter(EngineWriter):
+        def __init__(self, catalog, options, precision="fp16"):
+            super().__init__(catalog, {**options, "module": trt, "cudart": make_fake_cudart()}, precision)
+
+    monkeypatch.setattr(debug_mod, "tensorrt_installed", lambda: True)
+    monkeypatch.setattr(debug_mod, "EngineWriter", FakeWriter)
+    (work / "eng.py").write_text(textwrap.dedent("""
+        import json, os, sys
+        assert os.path.getsize("polygraphy_debug.engine") > 0
+        fp32 = set(json.load(open("polygraphy_debug.json"))["fp32_nodes"])
+        sys.exit(0 if {"Add", "Sub"} <= fp32 else 1)
+    """))
+    assert main_cli("debug", "precision", SEED, "--fp16", "--no-cache", "--tactic-sources", "CUBLAS", "-o",
+                    work / "out", "--no-progress", "--check", PY, "eng.py", "polygraphy_debug.engine") == 0
+    c = json.loads((work / "out" / "constraints.json").read_text())
+    assert c["fp32_nodes"] == ["Add", "Sub"] and c["backend"]["engine"] == "tensorrt"
+    builds = [x for x in trt.calls if x[0] == "builder.build_serialized_network"]
+    assert len(builds) == c["check"]["checks_run"]
+    if version.startswith("10"):
+        marked = {x[1] for x in trt.calls if x[0] == "layer.precision"}
+        assert {"Add", "Sub"} <= marked
+    else:
+        assert not [x for x in trt.calls if x[0] == "layer.precision"]
+    assert not (work / "polygraphy_debug.engine").exists()
+
+
+def test_engine_build_failure_is_an_error_verdict(work, monkeypatch):
+    from bisector.app import debug as debug_mod
+    from bisector.errors import BuildFailure
+
+    class Failing:
+        def __init__(self, *a, **k):
+            pass
+
+        def build(self, plan):
+            raise BuildFailure("no tactic")
+
+        def describe(self):
+            return {"backend": "tensorrt"}
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(debug_mod, "tensorrt_installed", lambda: True)
+    monkeypatch.setattr(debug_mod, "EngineWriter", Failing)
+    r = run_cli  # noqa: F841 (in-process below: the monkeypatches must apply)
+    assert main_cli("debug", "precision", SEED, "--fp16", "--no-cache", "--no-progress", "--check", PY,
+                    "needs.py") == 3
+    assert runs(work) == 0  # the check never ran on an unbuilt engine

@@ -42,6 +42,8 @@ from bisector.backends.check import (
     CandidateFiles,
     CheckSpec,
     EngineWriter,
+    in_process_command,
+    run_in_process,
     names_engine,
     run_check,
     tensorrt_installed,
@@ -122,6 +124,9 @@ class Check:
                             help="Files the check writes, moved after each check into --artifacts-dir/good|bad.")
     artifacts_dir: Path = option("--artifacts-dir", "--art-dir", default=Path("polygraphy_artifacts"),
                                  help="Where --artifacts are sorted.")
+    in_process: bool = option("--in-process/--subprocess-check", default=True,
+                              help="Run a `bisector run …` check inside this process (no interpreter start per "
+                                   "candidate; --check-timeout does not apply). Other checks are always processes.")
     engine: bool = option("--engine/--no-engine", default=True,
                           help="Build <base>.engine per candidate where TensorRT is installed.")
     save_debug_replay: Optional[Path] = option("--save-debug-replay", default=None,
@@ -217,8 +222,9 @@ class CommandChecker:
 
             write_text_atomic(self.opts.iter_info, json.dumps({"iteration": iteration - 1,
                                                                "fp32_nodes": sorted(plan.fp32)}) + "\n")
+        inner = in_process_command(self.spec.command) if self.opts.in_process else None
         try:
-            out = run_check(self.spec, timeout, env)
+            out = run_check(self.spec, timeout, env) if inner is None else run_in_process(self.spec, inner)
         finally:
             if self.opts.remove_intermediate:
                 self.files.remove()
@@ -495,7 +501,9 @@ def _check_environment(check: list[str], c: Check) -> None:
             f"provider) or `--check bisector run MODEL --fp16 --constraints {json_name} --load-outputs golden.json "
             f"--atol 1e-1` (bisector's FP16 emulation); or install TensorRT (pip install 'bisector[tensorrt]')")
     prog = check[0]
-    if os.sep not in prog and shutil.which(prog) is None:
+    if c.in_process and in_process_command(check) is not None:
+        log.info("the check is bisector itself: it runs in this process (--subprocess-check to run it as a process)")
+    elif os.sep not in prog and shutil.which(prog) is None:
         raise UsageError(f"the check command's program {prog!r} is not on PATH")
     if os.sep in prog and not Path(prog).exists():
         raise UsageError(f"the check command's program {prog} does not exist")

@@ -150,6 +150,44 @@ def run_check(spec: CheckSpec, timeout: float | None = None, env: dict[str, str]
     return outcome
 
 
+def in_process_command(command: Sequence[str]) -> list[str] | None:
+    """The argv of `bisector …` when the check is bisector itself (`bisector run …`, `python -m bisector.cli.main
+    run …`), else None. Such a check can run in this process: no interpreter start per candidate."""
+    cmd = list(command)
+    if cmd and Path(cmd[0]).name == "bisector":
+        rest = cmd[1:]
+    elif len(cmd) >= 3 and Path(cmd[0]).name.startswith("python") and cmd[1] == "-m" and \
+            cmd[2] in ("bisector", "bisector.cli", "bisector.cli.main"):
+        rest = cmd[3:]
+    else:
+        return None
+    return rest if rest and rest[0] in ("run", "verify") else None
+
+
+def run_in_process(spec: CheckSpec, argv: list[str]) -> CheckOutcome:
+    """`bisector run …` as the check, called in this process with its output captured (no --check-timeout: it
+    cannot be killed; use --subprocess-check for that)."""
+    import contextlib
+    import io
+
+    from bisector.cli.main import main
+
+    out, err = io.StringIO(), io.StringIO()
+    t0 = time.perf_counter()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(list(argv))
+    if rc == 130:  # the inner command caught Ctrl-C: it is ours
+        raise KeyboardInterrupt
+    seconds = time.perf_counter() - t0
+    stdout, stderr = out.getvalue(), err.getvalue()
+    text = stdout + stderr
+    ok, reason = classify(spec, rc, text)
+    if (spec.show_output or (not ok and not spec.hide_fail_output)) and text.strip():
+        log.log(logging.INFO if ok else logging.WARNING, "check output (%s):\n========== CAPTURED STDOUT "
+                "==========\n%s========== CAPTURED STDERR ==========\n%s", "pass" if ok else "fail", stdout, stderr)
+    return CheckOutcome("pass" if ok else "fail", rc, seconds, reason + " (in process)", output=text[-OUTPUT_TAIL:])
+
+
 def _kill_group(proc: subprocess.Popen) -> None:
     """SIGTERM the check's process group, SIGKILL what is left after two seconds."""
     for sig, wait in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
