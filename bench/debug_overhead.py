@@ -61,9 +61,46 @@ def run_inprocess() -> dict:
             "check_per": t["check"] / r.checks_run, "search": t["search"]}
 
 
+def run_real(work: Path, in_process: bool) -> dict:
+    """The realistic rewrite of the seeds' check: `bisector run MODEL --constraints polygraphy_debug.json …`."""
+    import bisector
+
+    spec = json.loads((ROOT / "fixtures" / "planted.json").read_text())
+    check = [str(Path(sys.executable).parent / "bisector"), "run", str(MODEL), "--fp16", "--constraints",
+             "polygraphy_debug.json", *spec["args"], "--no-cache"]
+    cwd = os.getcwd()
+    os.chdir(work)
+    try:
+        t0 = time.perf_counter()
+        r = bisector.debug_precision(MODEL, check, no_cache=True, hide_fail_output=True, in_process=in_process)
+        wall = time.perf_counter() - t0
+    finally:
+        os.chdir(cwd)
+    t = r.constraints.timings
+    n = r.checks_run
+    return {"wall": wall, "checks": n, "fp32": r.fp32_nodes, "write_per": t["write"] / n, "check_per": t["check"] / n,
+            "search": t["search"]}
+
+
+def run_precision() -> dict:
+    import bisector
+
+    spec = json.loads((ROOT / "fixtures" / "planted.json").read_text())
+    from bisector.app.options import options_from_flags
+
+    t0 = time.perf_counter()
+    r = bisector.precision(MODEL, no_cache=True, **options_from_flags(spec["args"]))
+    wall = time.perf_counter() - t0
+    n = r.constraints.evaluations.total
+    return {"wall": wall, "checks": n, "fp32": r.fp32_nodes, "write_per": 0.0,
+            "check_per": r.constraints.timings["backend_run"] / n, "search": r.constraints.timings["search"]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--real", action="store_true", help="also the `bisector run` check against `bisector precision` "
+                                                        "(a minute or two: one process per candidate)")
     args = ap.parse_args()
     import logging
 
@@ -81,6 +118,10 @@ def main() -> None:
             rows.setdefault("check: python, files on tmpfs", []).append(
                 run_command([sys.executable, "-I", "-S", str(work / "check.py"), art[:-7] + ".json", *NEED], work, art))
             rows.setdefault("check: true (all pass)", []).append(run_command(["true"], work))
+        if args.real:
+            rows["precision (emulate, in-process)"] = [run_precision()]
+            rows["check: bisector run, in process"] = [run_real(work, True)]
+            rows["check: bisector run, --subprocess-check"] = [run_real(work, False)]
     base = statistics.median(r["search"] for r in rows["in-process passes="])
     print("| oracle | checks | FP32 set | search wall (median) | per candidate | of which: files | of which: check "
           "process | overhead per candidate vs in-process |")
@@ -89,7 +130,10 @@ def main() -> None:
         n = rs[0]["checks"]
         search = statistics.median(r["search"] for r in rs)
         per = search / n
-        over = (search - (base if rs[0]["fp32"] == rows["in-process passes="][0]["fp32"] else 0.0)) / n
+        ref = base if rs[0]["fp32"] == rows["in-process passes="][0]["fp32"] else (
+            statistics.median(r["search"] for r in rows["precision (emulate, in-process)"])
+            if "bisector run" in name else 0.0)
+        over = (search - ref) / n
         print(f"| {name} | {n} | {' '.join(rs[0]['fp32']) or '(none)'} | {search:.2f} s | {per * 1000:.0f} ms | "
               f"{statistics.median(r['write_per'] for r in rs) * 1000:.0f} ms | "
               f"{statistics.median(r['check_per'] for r in rs) * 1000:.1f} ms | {over * 1000:.0f} ms |")

@@ -271,20 +271,19 @@ class CandidateFiles:
 
     def write(self, plan: "Plan", iteration: int) -> dict[str, float]:
         """Write the files of `plan`; returns seconds per step."""
-        from bisector.files import write_bytes_atomic, write_text_atomic
         from bisector.fp16.mixed import build_mixed_model
 
         t0 = time.perf_counter()
         model = build_mixed_model(self.catalog, plan)
         if self.precision == "bf16":
             model = to_bf16(model, self.catalog)
-        write_bytes_atomic(self.onnx_path, model.SerializeToString())
-        write_text_atomic(self.json_path, json.dumps(self.document(plan, iteration), indent=2) + "\n")
+        _replace(self.onnx_path, model.SerializeToString())
+        _replace(self.json_path, (json.dumps(self.document(plan, iteration), indent=2) + "\n").encode())
         seconds = {"write": time.perf_counter() - t0}
         if self.engine_builder is not None:
             t1 = time.perf_counter()
             data = self.engine_builder.build(plan)  # BuildFailure propagates: its own verdict
-            write_bytes_atomic(self.engine_path, data)
+            _replace(self.engine_path, data)
             seconds["engine"] = time.perf_counter() - t1
         self.written = self.paths()
         return seconds
@@ -317,6 +316,18 @@ class CandidateFiles:
             except OSError as exc:
                 log.warning("could not clean up %s: %s", p, exc)
         self.written = []
+
+
+def _replace(path: Path, data: bytes) -> None:
+    """Write then rename (the check never sees half a file), without fsync: these files live for one check, and a
+    durable write costs more than the check's own start on some disks (docs/benchmarks.md)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise UsageError(f"cannot write the candidate file {path}: {exc.strerror or exc}") from None
 
 
 def to_bf16(model, catalog: "Catalog"):
