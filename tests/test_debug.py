@@ -356,7 +356,7 @@ def test_engine_written_per_candidate_where_tensorrt_is_installed(work, monkeypa
     assert main_cli("debug", "precision", SEED, "--fp16", "--no-cache", "--tactic-sources", "CUBLAS", "-o",
                     work / "out", "--no-progress", "--check", PY, "eng.py", "polygraphy_debug.engine") == 0
     c = json.loads((work / "out" / "constraints.json").read_text())
-    assert c["fp32_nodes"] == ["Add", "Sub"] and c["backend"]["engine"] == "tensorrt"
+    assert c["fp32_nodes"] == ["Add", "Sub"] and c["backend"]["engine"].startswith("tensorrt ")
     builds = [x for x in trt.calls if x[0] == "builder.build_serialized_network"]
     assert len(builds) == c["check"]["checks_run"]
     if version.startswith("10"):
@@ -390,3 +390,31 @@ def test_engine_build_failure_is_an_error_verdict(work, monkeypatch):
     assert main_cli("debug", "precision", SEED, "--fp16", "--no-cache", "--no-progress", "--check", PY,
                     "needs.py") == 3
     assert runs(work) == 0  # the check never ran on an unbuilt engine
+
+
+def test_start_from_a_constraints_json_confirms_with_few_checks(work):
+    args = ["debug", "precision", PLANTED, "--fp16", "--no-cache", "--no-progress", "--check", PY, "needs.py",
+            "planted_exp", "planted_log"]
+    assert main_cli(*args[:-5], "-o", work / "a", *args[-5:]) == 0
+    scratch = runs(work)
+    (work / "count").unlink()
+    assert main_cli(*args[:-5], "-o", work / "b", "--start-from", work / "a" / "constraints.json", *args[-5:]) == 0
+    assert json.loads((work / "b" / "constraints.json").read_text())["fp32_nodes"] == ["planted_exp", "planted_log"]
+    assert runs(work) < scratch
+
+
+def test_artifacts_sorted_and_iter_info_written(work):
+    (work / "art.py").write_text(textwrap.dedent("""
+        import json, sys
+        info = json.load(open("info.json"))
+        open("log.txt", "w").write(str(info["iteration"]))
+        sys.exit(0 if {"Add", "Sub"} <= set(info["fp32_nodes"]) else 1)
+    """))
+    assert main_cli("debug", "precision", SEED, "--fp16", "--no-cache", "--no-progress", "--iter-info", "info.json",
+                    "--artifacts", "log.txt", "--artifacts-dir", "arts", "-o", work / "out", "--check", PY,
+                    "art.py") == 0
+    c = json.loads((work / "out" / "constraints.json").read_text())
+    good = list((work / "arts" / "good").glob("log_*.txt"))
+    bad = list((work / "arts" / "bad").glob("log_*.txt"))
+    assert len(good) == sum(v["passed"] for v in c["check"]["verdicts"]) and len(good) + len(bad) == c["check"]["checks_run"]
+    assert not (work / "info.json").exists()

@@ -426,6 +426,7 @@ def debug_precision(model: str | Path, check: list[str] | None = None, *, passes
 
             write_text_atomic(c.save_debug_replay, json.dumps(replay_document(oracle.history, description), indent=1))
 
+    hints, start = _search_inputs(s, catalog)
     oracle = CheckOracle(checker, catalog.candidates, journal, budget, saw, on_error=c.on_check_error,
                          check_timeout=c.check_timeout)
     try:
@@ -435,7 +436,8 @@ def debug_precision(model: str | Path, check: list[str] | None = None, *, passes
         try:
             from bisector.search.driver import run_search
 
-            result = run_search(oracle, strategy, {"direction": direction}, progress=progress)
+            result = run_search(oracle, strategy, {"direction": direction}, hints=hints, progress=progress,
+                                start=start)
         finally:
             if progress is not None:
                 progress.end()
@@ -456,11 +458,10 @@ def debug_precision(model: str | Path, check: list[str] | None = None, *, passes
                    "engine": sum(v.seconds.get("engine", 0.0) for v in verdicts if v.source == "new")}
         constraints = DebugConstraints(
             tool_version=__version__, model=str(model), model_sha256=catalog.sha256,
-            backend={"backend": "check" if check is not None else "passes",
-                     **({"engine": "tensorrt"} if check is not None and files.engine_builder is not None else {}),
-                     **({"inner": job.backend.name} if job is not None else {})},
-            precision=precision, tolerances=job.tolerance.describe() if job is not None else {},
-            inputs=job.inputs_info if job is not None else {"source": "the check command"},
+            backend=_backend_record(check, passes, job, files if check is not None else None, c),
+            precision=precision,
+            tolerances=job.tolerance.describe() if job is not None else {"decided_by": "the check command"},
+            inputs=job.inputs_info if job is not None else {"source": "the check command's own", "sets": "its"},
             fp32_nodes=sorted(result.fp32), passed=result.passed, minimal=result.minimal,
             stop_reason=result.stop_reason, evaluations=Evaluations(**result.evaluations),
             golden=Golden(source=job.golden.source if job is not None else "check"),
@@ -479,6 +480,32 @@ def debug_precision(model: str | Path, check: list[str] | None = None, *, passes
         journal.close()
         if job is not None:
             job.close()
+
+
+def _search_inputs(s: Search, catalog) -> tuple[dict, frozenset[str] | None]:
+    """--scores (a profile.json) and --start-from (a constraints.json) as for `precision`."""
+    from bisector.app.precision import _load_scores, _start_set
+
+    hints = {}
+    if s.scores == "profile":
+        raise UsageError("--scores profile computes sensitivity with the emulate backend, not with a check: run "
+                         "`bisector profile MODEL -o DIR` and pass --scores DIR/profile.json")
+    if s.scores is not None:
+        hints["scores"] = _load_scores(s.scores, catalog.candidates)
+    start = _start_set(s.start_from, catalog) if s.start_from is not None else None
+    return hints, start
+
+
+def _backend_record(check, passes, job, files, c: Check) -> dict[str, str]:
+    """constraints.json's `backend`: what judged the candidates."""
+    if check is None:
+        return {"backend": "passes", "function": _callable_name(passes), "outputs_from": job.backend.name}
+    rec = {"backend": "check", "command": " ".join(check)}
+    if c.in_process and in_process_command(check) is not None:
+        rec["run"] = "in process"
+    if files.engine_builder is not None:
+        rec["engine"] = "tensorrt " + str(files.engine_builder.describe().get("tensorrt", ""))
+    return rec
 
 
 def _default_cache_dir() -> Path:

@@ -154,12 +154,12 @@ class CheckOracle(Oracle):
         if verdict.status == "timeout" and is_budget:
             raise BudgetExhausted(f"--time-limit {self.budget.time_limit:g}s reached while a check ran")
         if verdict.status in ERRORS:
-            if self.journal is not None:
-                self.journal.record(plan, verdict)
-            self.errors.append(verdict)
-            if self.on_error == "stop":
-                raise CheckError(error_message(verdict), verdict)
             verdict.passed = False
+            self.errors.append(verdict)
+            if self.on_error == "stop":  # journaled for the record; a resumed search runs it again
+                if self.journal is not None:
+                    self.journal.record(plan, verdict)
+                raise CheckError(error_message(verdict), verdict)
         return verdict
 
 

@@ -42,6 +42,15 @@ class CheckProgress(SearchProgress):
             text += f" | check {v.status} (exit {code}) {v.check_seconds:.2f}s"
         super()._line(text)
 
+    def _render(self) -> Any:
+        table = super()._render()
+        v = self._last
+        if v is not None and hasattr(v, "status"):
+            code = v.returncode if v.returncode is not None else (v.signal or "-")
+            table.add_row("last check", f"{v.status} (exit {code}) in {v.check_seconds:.2f}s"
+                          + (" [journal]" if v.source != "new" else ""))
+        return table
+
 
 @debug_app.command("precision")
 @command(Inputs, BackendChoice, Search, Cache, Check)
