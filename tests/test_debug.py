@@ -418,3 +418,31 @@ def test_artifacts_sorted_and_iter_info_written(work):
     bad = list((work / "arts" / "bad").glob("log_*.txt"))
     assert len(good) == sum(v["passed"] for v in c["check"]["verdicts"]) and len(good) + len(bad) == c["check"]["checks_run"]
     assert not (work / "info.json").exists()
+
+
+def test_seed_line_rewritten_to_the_candidate_onnx_with_polygraphy_runs_to_a_result(work):
+    """The seed's check rewritten to `polygraphy run polygraphy_debug.onnx --onnxrt …` (Polygraphy itself as the
+    check). ORT's CPU provider computes FP16 nodes in FP32, so everything passes — bisector says so up front."""
+    pytest.importorskip("polygraphy")
+    shutil.copy(SEED, work / "net_bs8.onnx")
+    assert main_cli("run", "net_bs8.onnx", "--fp16", "--fp32", "MatMul_0", "Add", "Sub", "MatMul_1",
+                    "--val-range", "x:[1,2]", "--save-inputs", "net_input.json", "--no-cache") == 0
+    from bisector.model.catalog import Catalog
+    from bisector.model.golden import run_reference_model
+    from bisector.model.inputs import load_inputs
+    from bisector.model.polyjson import run_results_to_json
+
+    cat = Catalog.load(work / "net_bs8.onnx")
+    feeds = load_inputs([work / "net_input.json"], cat)
+    (work / "onnx_res.json").write_text(run_results_to_json("onnxrt-runner", run_reference_model(cat, feeds), [0.0]))
+    polygraphy = str(Path(PY).parent / "polygraphy")
+    if not Path(polygraphy).exists():
+        pytest.skip("no polygraphy executable beside this Python")
+    line = ("debug precision net_bs8.onnx --fp16 --tactic-sources cublas --no-progress -o out --no-cache --check "
+            f"{polygraphy} run polygraphy_debug.onnx --onnxrt --load-inputs net_input.json --load-outputs "
+            "onnx_res.json --atol 1e-1").split()
+    r = run_cli(*line, cwd=work)
+    assert r.returncode == 0, r.stderr
+    assert "computes FP16 nodes in FP32" in r.stderr
+    c = json.loads((work / "out" / "constraints.json").read_text())
+    assert c["passed"] and all(v["status"] == "pass" for v in c["check"]["verdicts"])

@@ -534,6 +534,10 @@ def _check_environment(check: list[str], c: Check) -> None:
         raise UsageError(f"the check command's program {prog!r} is not on PATH")
     if os.sep in prog and not Path(prog).exists():
         raise UsageError(f"the check command's program {prog} does not exist")
+    if "--onnxrt" in check and "--providers" not in check and any(t.endswith(".onnx") for t in check):
+        log.warning("the check runs the candidate's ONNX with ONNX Runtime's default (CPU) provider, which computes "
+                    "FP16 nodes in FP32: it will pass nearly every candidate. Give it a GPU provider (--providers "
+                    "cuda) or check with `bisector run MODEL --fp16 --constraints %s.json …` (FP16 emulation)", c.base)
     stray = [t for t in check[1:] if t.split("=")[0] in _OWN_FLAGS]
     if stray:
         log.warning("the check command contains %s, a flag of debug precision itself: everything after --check is "
