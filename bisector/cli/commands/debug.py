@@ -74,17 +74,20 @@ def precision(model: Model, fp16: Fp16 = True, check: CheckFlag = False,
     r = debug_precision(model, command_line, output_dir=output_dir, progress=display, inputs=opts[Inputs],
                         backend=opts[BackendChoice], cache=opts[Cache], search=s, debug=opts[Check])
     c = r.constraints
+    info = c.check
     if json_out is not None:
         write_json(json_out, c.model_dump_json(indent=2) + "\n")
     if junit is not None:
-        from bisector.artifacts.junit import Suite
+        from bisector.artifacts.junit import Case, Suite
 
-        suite = Suite()
-        suite.add_outputs(Path(model).name, {}, c.timings.get("search", 0.0))
+        final = next((v for v in reversed(r.verdicts) if frozenset(v.fp32) == frozenset(r.fp32_nodes)), None)
+        suite = Suite()  # one case: the final set under the check (its last verdict, exit code and duration)
+        suite.cases.append(Case(Path(model).name, "check: " + " ".join(info["command"] or []), r.passed,
+                                "" if r.passed else (final.reason if final is not None else "no passing set"),
+                                final.check_seconds if final is not None else 0.0))
         suite.write(junit)
     say = human_output(json_out)
     say(f"FP32 nodes ({len(r.fp32_nodes)}): {' '.join(r.fp32_nodes) if r.fp32_nodes else '(none)'}")
-    info = c.check
     say(f"{'PASSED' if r.passed else 'FAILED'}; {'1-minimal' if r.minimal else 'not proven minimal'}; "
         f"{c.evaluations.total} evaluations ({c.evaluations.new} new, {c.evaluations.cached} cached); "
         f"{info['checks_run']} check(s) run in {info['check_seconds']:.2f}s; artifacts in {output_dir}")
