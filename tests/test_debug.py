@@ -62,38 +62,44 @@ def test_two_named_nodes_found_then_journal_runs_no_check(work):
     assert c2["fp32_nodes"] == c["fp32_nodes"]
 
 
-def _polygraphy_k(n: int, direction: str, passes_k) -> int:
-    """Polygraphy's own BisectMarker driven over the same candidates and check."""
-    from polygraphy.tools.debug.subtool.precision import BisectMarker
+def _polygraphy_k(mode: str, n: int, direction: str, passes_k) -> int:
+    """Polygraphy's own markers (tools/debug/subtool/precision.py) driven over the same candidates and check."""
+    from polygraphy.tools.debug.subtool.precision import BisectMarker, LinearMarker
 
-    marker = BisectMarker(n, direction)
+    marker = (BisectMarker if mode == "bisect" else LinearMarker)(n, direction)
     while True:
         if marker.step(passes_k(len(list(marker.select_layers())))):
             return marker.good
 
 
-@pytest.mark.parametrize("direction", ["forward", "reverse"])
-def test_mode_bisect_returns_polygraphys_k(work, direction):
+@pytest.mark.parametrize("mode,direction,need", [
+    ("bisect", "forward", ["planted_exp", "planted_gain"]),
+    ("bisect", "reverse", ["planted_exp", "planted_gain"]),
+    ("linear", "reverse", ["planted_exp", "planted_log"]),
+])
+def test_mode_returns_polygraphys_k(work, mode, direction, need):
     from bisector.model.catalog import Catalog
 
     cands = list(Catalog.load(PLANTED).candidates)
-    need = ["planted_exp", "planted_gain"]
     idx = [cands.index(n) for n in need]
 
     def passes_k(k):
         block = set(cands[:k]) if direction == "forward" else set(cands[len(cands) - k:])
         return set(need) <= block
 
-    expected_k = _polygraphy_k(len(cands), direction, passes_k)
+    expected_k = _polygraphy_k(mode, len(cands), direction, passes_k)
     assert expected_k == (max(idx) + 1 if direction == "forward" else len(cands) - min(idx))
-    assert main_cli("debug", "precision", PLANTED, "--fp16", "--mode", "bisect", "--dir", direction, "--no-cache",
-                    "-o", work / "out", "--no-progress", "--check", PY, "needs.py", *need) == 0
+    assert main_cli("debug", "precision", PLANTED, "--fp16", "--mode", mode, "--dir", direction, "--no-cache",
+                    "-o", work / "out", "--no-progress", "--hide-fail-output", "--check", PY, "needs.py", *need) == 0
     c = json.loads((work / "out" / "constraints.json").read_text())
     assert len(c["fp32_nodes"]) == expected_k
     block = cands[:expected_k] if direction == "forward" else cands[len(cands) - expected_k:]
     assert sorted(c["fp32_nodes"]) == sorted(block)
-    assert c["check"]["mode"] == "bisect" and c["strategy"] == f"bisect ({direction})"
-    assert runs(work) <= 2 + math.ceil(math.log2(len(cands)))
+    assert c["check"]["mode"] == mode and c["strategy"] == f"{mode} ({direction})"
+    if mode == "bisect":
+        assert runs(work) <= 2 + math.ceil(math.log2(len(cands)))
+    else:
+        assert runs(work) == expected_k + 2  # all-FP32 first, then K = 0, 1, …, K
 
 
 def test_check_timeout_is_its_own_verdict_exit_3(work):
