@@ -378,44 +378,65 @@ def debug_precision(model: str | Path, check: list[str] | None = None, *, passes
 
     t0 = time.perf_counter()
     job = None
-    if check is not None:
-        from bisector.model.catalog import Catalog
+    checker: Any = None
+    journal: CheckJournal | None = None
+    try:
+        if check is not None:
+            from bisector.model.catalog import Catalog
 
-        catalog = Catalog.load(Path(model))
-        files = CandidateFiles(catalog, c.base, precision)
-        existing = [p for p in files.paths() + ([files.engine_path]) if p.exists()]
-        if existing:
-            raise UsageError(f"{existing[0]} already exists, refusing to overwrite (as Polygraphy does): remove it "
-                             f"or choose another --iter-artifact")
-        if c.engine and tensorrt_installed():
-            b = groups[BackendChoice]
-            files.engine_builder = EngineWriter(catalog, b.backend_options(groups[Inputs].input_shapes), precision)
-        checker: Any = CommandChecker(files, spec, c)
-        cache_dir = None if groups[Cache].no_cache else (groups[Cache].cache_dir or _default_cache_dir())
-    else:
-        from bisector.app.job import build_job
+            catalog = Catalog.load(Path(model))
+            files = CandidateFiles(catalog, c.base, precision)
+            existing = [p for p in files.paths() + [files.engine_path] if p.exists()]
+            if existing:
+                raise UsageError(f"{existing[0]} already exists, refusing to overwrite (as Polygraphy does): remove "
+                                 f"it or choose another --iter-artifact")
+            hints, start = _search_inputs(s, catalog)
+            if c.engine and tensorrt_installed():
+                b = groups[BackendChoice]
+                files.engine_builder = EngineWriter(catalog, b.backend_options(groups[Inputs].input_shapes), precision)
+            checker = CommandChecker(files, spec, c)
+            cache_dir = None if groups[Cache].no_cache else (groups[Cache].cache_dir or _default_cache_dir())
+        else:
+            from bisector.app.job import build_job
 
-        job = build_job(Path(model), groups[Inputs], groups[Tolerances], groups[BackendChoice], groups[Cache])
-        catalog = job.catalog
-        checker = PassesChecker(job, passes, precision)  # type: ignore[arg-type]
-        cache_dir = job.cache_dir
-    description = {"kind": "debug-precision", "model_sha256": catalog.sha256, "check": checker.describe(),
-                   "bisector": __version__}
-    if job is not None:
-        from bisector.app.job import golden_digest
+            job = build_job(Path(model), groups[Inputs], groups[Tolerances], groups[BackendChoice], groups[Cache])
+            catalog = job.catalog
+            hints, start = _search_inputs(s, catalog)
+            checker = PassesChecker(job, passes, precision)  # type: ignore[arg-type]
+            cache_dir = job.cache_dir
+        description = {"kind": "debug-precision", "model_sha256": catalog.sha256, "check": checker.describe(),
+                       "bisector": __version__}
+        if job is not None:
+            from bisector.app.job import golden_digest
 
-        digest = _callable_digest(passes)  # type: ignore[arg-type]
-        description.update(inputs=job.inputs_info["digest"], golden=golden_digest(job.golden),
-                           backend=job.backend.describe(), passes_source=digest)
-        if digest is None:
-            log.info("passes() has no source to key the journal by: its verdicts are not journaled")
-            cache_dir = None
-    sqlite = None
-    if cache_dir is not None:
-        from bisector.search.journal import SqliteJournal
+            digest = _callable_digest(passes)  # type: ignore[arg-type]
+            description.update(inputs=job.inputs_info["digest"], golden=golden_digest(job.golden),
+                               backend=job.backend.describe(), passes_source=digest)
+            if digest is None:
+                log.info("passes() has no source to key the journal by: its verdicts are not journaled")
+                cache_dir = None
+        sqlite = None
+        if cache_dir is not None:
+            from bisector.search.journal import SqliteJournal
 
-        sqlite = SqliteJournal(Path(cache_dir) / "journal.sqlite", description, resume=s.resume)
-    journal = CheckJournal(sqlite, replay, on_error=c.on_check_error, timeout=c.check_timeout)
+            sqlite = SqliteJournal(Path(cache_dir) / "journal.sqlite", description, resume=s.resume)
+        journal = CheckJournal(sqlite, replay, on_error=c.on_check_error, timeout=c.check_timeout)
+        return _search(model, catalog, job, checker, journal, description, check=check, passes=passes, c=c, s=s,
+                       strategy=strategy, direction=direction, precision=precision, budget=budget, hints=hints,
+                       start=start, output_dir=output_dir, progress=progress, on_verdict=on_verdict, t0=t0,
+                       files=files if check is not None else None)
+    finally:
+        if checker is not None:
+            checker.close()
+        if journal is not None:
+            journal.close()
+        if job is not None:
+            job.close()
+
+
+def _search(model, catalog, job, checker, journal, description, *, check, passes, c: Check, s: Search, strategy,
+            direction, precision, budget, hints, start, output_dir, progress, on_verdict, t0, files) -> DebugResult:
+    """The search over a CheckOracle and the artifacts of its result (resources are the caller's to close)."""
     observers = [f for f in (on_verdict, progress.on_verdict if progress is not None else None) if f]
 
     def saw(v: Verdict) -> None:
@@ -426,60 +447,53 @@ def debug_precision(model: str | Path, check: list[str] | None = None, *, passes
 
             write_text_atomic(c.save_debug_replay, json.dumps(replay_document(oracle.history, description), indent=1))
 
-    hints, start = _search_inputs(s, catalog)
     oracle = CheckOracle(checker, catalog.candidates, journal, budget, saw, on_error=c.on_check_error,
                          check_timeout=c.check_timeout)
+    t_setup = time.perf_counter() - t0
+    if progress is not None:
+        progress.begin(len(catalog.candidates))
     try:
-        t_setup = time.perf_counter() - t0
-        if progress is not None:
-            progress.begin(len(catalog.candidates))
-        try:
-            from bisector.search.driver import run_search
+        from bisector.search.driver import run_search
 
-            result = run_search(oracle, strategy, {"direction": direction}, hints=hints, progress=progress,
-                                start=start)
-        finally:
-            if progress is not None:
-                progress.end()
-        verdicts: list[CheckVerdict] = [v for v in oracle.history if isinstance(v, CheckVerdict)]
-        check_info = {
-            "command": list(check) if check is not None else None,
-            "passes": _callable_name(passes) if passes is not None else None,
-            "mode": c.mode, "direction": direction, "precision": precision,
-            "fail_codes": c.fail_codes, "ignore_fail_codes": c.ignore_fail_codes, "fail_regex": c.fail_regex,
-            "check_timeout": c.check_timeout, "on_check_error": c.on_check_error,
-            "checks_run": oracle.iterations, "check_seconds": round(sum(v.check_seconds for v in verdicts
-                                                                       if v.source == "new"), 4),
-            "verdicts": [v.summary() for v in verdicts], "outcomes": OUTCOMES,
-        }
-        timings = {"setup": t_setup, "search": result.seconds,
-                   "check": sum(v.check_seconds for v in verdicts if v.source == "new"),
-                   "write": sum(v.seconds.get("write", 0.0) for v in verdicts if v.source == "new"),
-                   "engine": sum(v.seconds.get("engine", 0.0) for v in verdicts if v.source == "new")}
-        constraints = DebugConstraints(
-            tool_version=__version__, model=str(model), model_sha256=catalog.sha256,
-            backend=_backend_record(check, passes, job, files if check is not None else None, c),
-            precision=precision,
-            tolerances=job.tolerance.describe() if job is not None else {"decided_by": "the check command"},
-            inputs=job.inputs_info if job is not None else {"source": "the check command's own", "sets": "its"},
-            fp32_nodes=sorted(result.fp32), passed=result.passed, minimal=result.minimal,
-            stop_reason=result.stop_reason, evaluations=Evaluations(**result.evaluations),
-            golden=Golden(source=job.golden.source if job is not None else "check"),
-            strategy=f"{strategy}" + (f" ({direction})" if direction else ""), candidates=len(catalog.candidates),
-            pinned=catalog.pinned, timings=timings, check=check_info)
-        paths = None
-        if output_dir is not None:
-            from bisector.artifacts.write import write_artifacts
-
-            paths = write_artifacts(Path(output_dir), catalog, constraints, _report_section(check_info))
-        order = {n: i for i, n in enumerate(catalog.candidates)}
-        return DebugResult(sorted(result.fp32, key=order.__getitem__), result.passed, result.minimal, constraints,
-                           paths, verdicts, oracle.iterations, result.stop_reason)
+        result = run_search(oracle, strategy, {"direction": direction}, hints=hints, progress=progress,
+                            start=start)
     finally:
-        checker.close()
-        journal.close()
-        if job is not None:
-            job.close()
+        if progress is not None:
+            progress.end()
+    verdicts: list[CheckVerdict] = [v for v in oracle.history if isinstance(v, CheckVerdict)]
+    check_info = {
+        "command": list(check) if check is not None else None,
+        "passes": _callable_name(passes) if passes is not None else None,
+        "mode": c.mode, "direction": direction, "precision": precision,
+        "fail_codes": c.fail_codes, "ignore_fail_codes": c.ignore_fail_codes, "fail_regex": c.fail_regex,
+        "check_timeout": c.check_timeout, "on_check_error": c.on_check_error,
+        "checks_run": oracle.iterations, "check_seconds": round(sum(v.check_seconds for v in verdicts
+                                                                   if v.source == "new"), 4),
+        "verdicts": [v.summary() for v in verdicts], "outcomes": OUTCOMES,
+    }
+    timings = {"setup": t_setup, "search": result.seconds,
+               "check": sum(v.check_seconds for v in verdicts if v.source == "new"),
+               "write": sum(v.seconds.get("write", 0.0) for v in verdicts if v.source == "new"),
+               "engine": sum(v.seconds.get("engine", 0.0) for v in verdicts if v.source == "new")}
+    constraints = DebugConstraints(
+        tool_version=__version__, model=str(model), model_sha256=catalog.sha256,
+        backend=_backend_record(check, passes, job, files if check is not None else None, c),
+        precision=precision,
+        tolerances=job.tolerance.describe() if job is not None else {"decided_by": "the check command"},
+        inputs=job.inputs_info if job is not None else {"source": "the check command's own", "sets": "its"},
+        fp32_nodes=sorted(result.fp32), passed=result.passed, minimal=result.minimal,
+        stop_reason=result.stop_reason, evaluations=Evaluations(**result.evaluations),
+        golden=Golden(source=job.golden.source if job is not None else "check"),
+        strategy=f"{strategy}" + (f" ({direction})" if direction else ""), candidates=len(catalog.candidates),
+        pinned=catalog.pinned, timings=timings, check=check_info)
+    paths = None
+    if output_dir is not None:
+        from bisector.artifacts.write import write_artifacts
+
+        paths = write_artifacts(Path(output_dir), catalog, constraints, _report_section(check_info))
+    order = {n: i for i, n in enumerate(catalog.candidates)}
+    return DebugResult(sorted(result.fp32, key=order.__getitem__), result.passed, result.minimal, constraints,
+                       paths, verdicts, oracle.iterations, result.stop_reason)
 
 
 def _search_inputs(s: Search, catalog) -> tuple[dict, frozenset[str] | None]:
