@@ -452,3 +452,43 @@ def test_seed_line_rewritten_to_the_candidate_onnx_with_polygraphy_runs_to_a_res
     assert "computes FP16 nodes in FP32" in r.stderr
     c = json.loads((work / "out" / "constraints.json").read_text())
     assert c["passed"] and all(v["status"] == "pass" for v in c["check"]["verdicts"])
+
+
+def test_journal_replays_errors_only_when_they_count_as_failures():
+    from bisector.fp16.plan import Plan
+    from bisector.search.check_oracle import CheckJournal, CheckVerdict
+
+    cands = ("a", "b")
+    t = CheckVerdict(frozenset({"a"}), False, {}, 0, {"check": 1.0}, status="timeout", timeout=1.0)
+    plan = Plan(frozenset({"a"}), cands)
+    assert CheckJournal(replay={t.fp32: t}, on_error="stop").lookup(plan) is None  # retried
+    assert CheckJournal(replay={t.fp32: t}, on_error="fail", timeout=1.0).lookup(plan) is t
+    assert CheckJournal(replay={t.fp32: t}, on_error="fail", timeout=5.0).lookup(plan) is None  # longer limit now
+    crash = CheckVerdict(frozenset({"a"}), False, {}, 0, {}, status="crash", signal="SIGSEGV")
+    assert CheckJournal(replay={crash.fp32: crash}, on_error="fail").lookup(plan) is crash
+    back = CheckVerdict.from_json(crash.to_json())
+    assert (back.status, back.signal, back.passed) == ("crash", "SIGSEGV", False)
+
+
+def test_ctrl_c_kills_the_running_check_and_exits_130(work):
+    import os
+    import signal
+    import subprocess
+    import time
+
+    (work / "hang.py").write_text("import os, time\nopen('pid', 'w').write(str(os.getpid()))\ntime.sleep(60)\n")
+    p = subprocess.Popen([PY, "-m", "bisector.cli.main", "debug", "precision", str(SEED), "--fp16", "--no-cache",
+                          "--no-progress", "--check", PY, "hang.py"], cwd=work, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not (work / "pid").exists() or not (work / "pid").read_text():
+        assert time.time() < deadline and p.poll() is None
+        time.sleep(0.1)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 130, err
+    child = int((work / "pid").read_text())
+    time.sleep(0.2)
+    with pytest.raises(ProcessLookupError):
+        os.kill(child, 0)
+    assert not list(work.glob("polygraphy_debug.*"))

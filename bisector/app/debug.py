@@ -544,6 +544,9 @@ def _check_environment(check: list[str], c: Check) -> None:
     prog = check[0]
     if c.in_process and in_process_command(check) is not None:
         log.info("the check is bisector itself: it runs in this process (--subprocess-check to run it as a process)")
+        if c.check_timeout is not None:
+            log.warning("--check-timeout does not apply to a check run in process; add --subprocess-check to "
+                        "enforce it")
     elif os.sep not in prog and shutil.which(prog) is None:
         raise UsageError(f"the check command's program {prog!r} is not on PATH")
     if os.sep in prog and not Path(prog).exists():
