@@ -180,10 +180,13 @@ class DebugConstraints(Constraints):
 
 @dataclass
 class DebugResult:
+    """The outcome: the set (topological order), whether it passed under the check and is proven 1-minimal, the
+    constraints record (with its `check` block), where the artifacts went, every verdict, checks actually run."""
+
     fp32_nodes: list[str]
     passed: bool
     minimal: bool
-    constraints: Constraints
+    constraints: DebugConstraints
     artifacts: dict[str, Path] | None
     verdicts: list[CheckVerdict]
     checks_run: int
@@ -485,7 +488,7 @@ def _search(model, catalog, job, checker, journal, description, *, check, passes
         stop_reason=result.stop_reason, evaluations=Evaluations(**result.evaluations),
         golden=Golden(source=job.golden.source if job is not None else "check"),
         strategy=f"{strategy}" + (f" ({direction})" if direction else ""), candidates=len(catalog.candidates),
-        pinned=catalog.pinned, timings=timings, check=check_info)
+        pinned=catalog.pinned, timings=timings, check=check_info, headroom=None, worst_input_set=0)
     paths = None
     if output_dir is not None:
         from bisector.artifacts.write import write_artifacts

@@ -301,7 +301,7 @@ class CandidateFiles:
             backend={"backend": "candidate"}, precision=self.precision, tolerances={}, inputs={},
             fp32_nodes=sorted(plan.fp32), passed=False, minimal=False, evaluations=Evaluations(total=0, new=0, cached=0),
             golden=Golden(source="none"), strategy="debug precision candidate", candidates=len(self.catalog.candidates),
-            pinned=dict(self.catalog.pinned)).model_dump(mode="json")
+            pinned=dict(self.catalog.pinned), headroom=None, worst_input_set=0).model_dump(mode="json")
         doc.update({f"{self.precision}_nodes": sorted(plan.fp16, key=order.__getitem__), "iteration": iteration,
                     "onnx": self.onnx_path.name, "candidate": True,
                     "layer_precisions": layer_precision_strings_for(self.catalog, sorted(plan.fp32))})
@@ -416,8 +416,13 @@ class EngineWriter:
     def build(self, plan: "Plan") -> bytes:
         b = self.backend
         engines = b._engines
+        if engines is None:
+            from bisector.errors import BackendFailure
+
+            raise BackendFailure("the TensorRT engine writer was used after close()")
         shapes = self.shapes()
         if b.path == "weak":
+            assert b._weak is not None
             network = b._weak.apply(plan)
             config = engines.make_config(network, shapes)
             b._weak.set_flags(config)
