@@ -150,6 +150,8 @@ class Check:
         if isinstance(self.fail_regex, str):
             self.fail_regex = [self.fail_regex]
         self.fail_regex = list(self.fail_regex) if self.fail_regex else None
+        if self.show_output and self.hide_fail_output:
+            raise UsageError("--show-output and --hide-fail-output exclude each other (as in Polygraphy)")
         if self.on_check_error not in ("stop", "fail"):
             raise UsageError(f"--on-check-error {self.on_check_error!r}: choose stop or fail")
         if isinstance(self.artifacts, (str, Path)):

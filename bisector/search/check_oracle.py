@@ -123,7 +123,12 @@ class CheckJournal:
 
 
 class CheckOracle(Oracle):
-    """`Oracle` whose judge is a `Checker`. `on_error`: "stop" (CheckError, exit 3) or "fail" (a failing set)."""
+    """`Oracle` whose judge is a `Checker`. `on_error`: "stop" (CheckError, exit 3) or "fail" (a failing set).
+
+    Not safe to call from several threads at once: a command check writes its candidate to one fixed path in the
+    working directory, where the user's command expects it (`parallel_safe = False` tells a parallel driver)."""
+
+    parallel_safe = False
 
     def __init__(self, checker: Checker, candidates: Sequence[str], journal: CheckJournal | None = None,
                  budget: Budget | None = None, on_verdict: Callable[[Verdict], None] | None = None,
