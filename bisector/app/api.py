@@ -15,10 +15,14 @@ from bisector.app.options import BackendChoice, Cache, Inputs, Search, Tolerance
 from bisector.app.precision import PrecisionResult, precision
 from bisector.app.profile import ProfileResult, profile
 from bisector.app.verify import VerifyResult, verify
+from bisector.artifacts.junit import Case, Suite  # result presentation the commands share
+from bisector.artifacts.report_text import format_comparison
+from bisector.sensitivity import profile_document
 
 __all__ = [
     "precision", "verify", "evaluate", "profile", "inspect", "run_batch", "load_config",
     "PrecisionResult", "VerifyResult", "EvaluateResult", "ProfileResult", "BatchConfig", "BatchResult", "ModelEntry",
-    "Inputs", "Tolerances", "BackendChoice", "Cache", "Search",
+    "Inputs", "Tolerances", "BackendChoice", "Cache", "Search", "Suite", "Case", "format_comparison",
+    "profile_document",
     "debug_precision", "DebugResult", "Candidate", "Check",
 ]

@@ -18,6 +18,7 @@ import onnxruntime as ort
 from bisector import __version__
 from bisector.model.catalog import Catalog
 from bisector.backends.emulate.executor import NodeExecutor, Overlay, feeds_digest
+from bisector.fp16.arithmetic import check_mode, rules_tag
 from bisector.fp16.rules import round_activation, round_weight
 from bisector.model.optable import PRESERVES_FP16
 from bisector.fp16.plan import Plan
@@ -26,7 +27,9 @@ from bisector.fp16.plan import Plan
 class EmulateBackend:
     name = "emulate"
 
-    def __init__(self, threads: int = 0, reference_cache_size: int = 8, block_size: int = 8):
+    def __init__(self, threads: int = 0, reference_cache_size: int = 8, block_size: int = 8,
+                 arithmetic: str = "storage"):
+        self.arithmetic = check_mode(arithmetic)
         self.block_size = block_size
         self.threads = threads
         self.reference_cache_size = reference_cache_size
@@ -40,14 +43,14 @@ class EmulateBackend:
     # ---- protocol ------------------------------------------------------------------------------------------
     def open(self, catalog: Catalog) -> None:
         self.catalog = catalog
-        self.executor = NodeExecutor(catalog, threads=self.threads, block_size=self.block_size)
+        self.executor = NodeExecutor(catalog, threads=self.threads, block_size=self.block_size, arithmetic=self.arithmetic)
         self._references.clear()
         self._boundaries.clear()
         self._feeds_keys.clear()
         self._rounded_weights.clear()
 
     def describe(self) -> dict[str, str]:
-        return {"backend": self.name, "onnxruntime": ort.__version__, "rules": "fp16-storage-v1", "bisector": __version__}
+        return {"backend": self.name, "onnxruntime": ort.__version__, "rules": rules_tag(self.arithmetic), "bisector": __version__}
 
     def close(self) -> None:
         self.executor = None

@@ -25,6 +25,7 @@ from onnx import helper
 
 from bisector.model.catalog import Catalog
 from bisector.errors import BackendFailure
+from bisector.fp16.arithmetic import split_bias_epilogue
 
 # Tensors of these ONNX element types are what FP16 storage changes.
 _NP_TO_ONNX = {np.dtype(k): v for k, v in {
@@ -52,8 +53,9 @@ def feeds_digest(feeds: Mapping[str, np.ndarray]) -> str:
 class NodeExecutor:
     """One ORT session per node of `catalog.model`, built lazily and kept for every later plan."""
 
-    def __init__(self, catalog: Catalog, threads: int = 0, block_size: int = 8):
+    def __init__(self, catalog: Catalog, threads: int = 0, block_size: int = 8, arithmetic: str = "storage"):
         self.catalog = catalog
+        self.arithmetic = arithmetic  # bisector.fp16.arithmetic: "storage" (DESIGN §4) or "gpu"
         self.blocks = _partition(catalog, block_size)
         self._sessions: dict[tuple, ort.InferenceSession] = {}
         self._opts = ort.SessionOptions()
@@ -215,20 +217,36 @@ class NodeExecutor:
                 nodes.append(helper.make_node("Cast", [t], [half], to=onnx.TensorProto.FLOAT16))
                 nodes.append(helper.make_node("Cast", [half], [back], to=onnx.TensorProto.FLOAT))
                 core.input[explicit_idx[pos]] = back
-        nodes.append(core)
         out_names = _nonempty(node.output)
+        casts = []
         for j, o in enumerate(out_names):
             if j < len(round_out) and round_out[j]:
                 raw, half = f"{o}__raw", f"{o}__fp16"
                 core.output[list(node.output).index(o)] = raw
-                nodes.append(helper.make_node("Cast", [raw], [half], to=onnx.TensorProto.FLOAT16))
-                nodes.append(helper.make_node("Cast", [half], [o], to=onnx.TensorProto.FLOAT))
+                casts.append(helper.make_node("Cast", [raw], [half], to=onnx.TensorProto.FLOAT16))
+                casts.append(helper.make_node("Cast", [half], [o], to=onnx.TensorProto.FLOAT))
+        nodes.extend(self._arithmetic(core, any(round_out)))
+        nodes.extend(casts)
         first = {}
         for t, v in zip(inputs, values):
             first.setdefault(t, v)
         return self._session(nodes, f"node {node.name!r} ({node.op_type})",
                              {t: v for t, v in first.items() if t not in self.weights},
                              {t: v for t, v in first.items() if t in self.weights}, out_names)
+
+    def _arithmetic(self, core: onnx.NodeProto, fp16: bool) -> list[onnx.NodeProto]:
+        """`core` as the emulation computes it: unchanged (storage rules), or, for an FP16 node under
+        --fp16-arithmetic gpu, split where the GPU kernel rounds inside the layer (bisector.fp16.arithmetic)."""
+        if self.arithmetic == "gpu" and fp16 and core.output and core.output[0]:
+            split = split_bias_epilogue(core, core.output[0], self._weight_rank)
+            if split is not None:
+                return split
+        return [core]
+
+    def _weight_rank(self, tensor: str) -> int | None:
+        base = tensor[: -len("__w16")] if tensor.endswith("__w16") else tensor
+        w = self.weights.get(base)
+        return None if w is None else int(np.ndim(w))
 
     def _session(self, nodes, what: str, inputs: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
                  outputs: list[str]) -> ort.InferenceSession:
@@ -301,7 +319,7 @@ class NodeExecutor:
                     core.output[list(node.output).index(o)] = f"{o}__raw"
                     casts.append(helper.make_node("Cast", [f"{o}__raw"], [f"{o}__half"], to=onnx.TensorProto.FLOAT16))
                     casts.append(helper.make_node("Cast", [f"{o}__half"], [o], to=onnx.TensorProto.FLOAT))
-            nodes.append(core)
+            nodes.extend(self._arithmetic(core, any(outs)))
             nodes.extend(casts)
         feed = {t: v for t, v in zip(block.inputs, values) if t not in self.weights}
         return self._session(nodes, f"block {block.index} ({block.nodes[0].name}..{block.nodes[-1].name})",

@@ -24,7 +24,6 @@ def run(model: Model, fp16: Fp16 = True, fp32: Fp32Nodes = None, constraints: Co
         verbose: Verbose = False, *, opts) -> None:
     """Evaluate one configuration against golden and print a Polygraphy-style comparison per output."""
     from bisector.app import api
-    from bisector.artifacts.report_text import format_comparison
 
     setup_logging(verbose)
     r = api.evaluate(model, fp32 or [], constraints=constraints, mark_all=mark_all, save_outputs=save_outputs,
@@ -34,7 +33,7 @@ def run(model: Model, fp16: Fp16 = True, fp32: Fp32Nodes = None, constraints: Co
     for i, comparisons in enumerate(r.comparisons):
         say(f"Input set {i}: {len(r.plan.fp32)} FP32 node(s), {len(r.plan.fp16)} FP16 node(s)")
         for c in comparisons.values():
-            say(format_comparison(c))
+            say(api.format_comparison(c))
             prev = report["outputs"].get(c.name)
             if prev is None or (prev["passed"] and not c.passed):
                 report["outputs"][c.name] = c.to_json()
