@@ -239,7 +239,7 @@ def test_no_remove_intermediate_keeps_last_candidate_and_iter_artifact_name(work
 
 def test_candidate_json_is_read_by_bisector_run(work):
     from bisector.artifacts.constraints import Constraints
-    from bisector.backends.check import CandidateFiles
+    from bisector.artifacts.candidate import CandidateFiles
     from bisector.fp16.plan import Plan
     from bisector.model.catalog import Catalog
 
@@ -253,7 +253,7 @@ def test_bf16_candidate_model_is_bf16(work):
     import onnx
     from onnx import TensorProto
 
-    from bisector.backends.check import CandidateFiles
+    from bisector.artifacts.candidate import CandidateFiles
     from bisector.fp16.plan import Plan
     from bisector.model.catalog import Catalog
 
@@ -338,7 +338,7 @@ def test_engine_written_per_candidate_where_tensorrt_is_installed(work, monkeypa
     import functools
 
     from bisector.app import debug as debug_mod
-    from bisector.backends.check import EngineWriter
+    from bisector.artifacts.candidate import EngineWriter
 
     try:
         from tests.fake_tensorrt import make_fake_cudart, make_fake_tensorrt

@@ -37,15 +37,14 @@ from bisector.app.options import (
     split_options,
 )
 from bisector.artifacts.constraints import Constraints, Evaluations, Golden
+from bisector.artifacts.candidate import CandidateFiles, EngineWriter
 from bisector.backends.check import (
     OUTCOMES,
-    CandidateFiles,
     CheckSpec,
-    EngineWriter,
     in_process_command,
-    run_in_process,
     names_engine,
     run_check,
+    run_in_process,
     tensorrt_installed,
 )
 from bisector.budget import Budget
@@ -201,10 +200,12 @@ class DebugResult:
 class CommandChecker:
     """Writes the candidate's files, runs the command, reads its end (Polygraphy's iterate/run_check)."""
 
-    def __init__(self, files: CandidateFiles, spec: CheckSpec, opts: Check):
+    def __init__(self, files: CandidateFiles, spec: CheckSpec, opts: Check,
+                 in_process_main: Callable[[list[str]], int] | None = None):
         self.files = files
         self.spec = spec
         self.opts = opts
+        self.in_process_main = in_process_main
         self.started = time.strftime("%x").replace("/", "-") + "_" + time.strftime("%X").replace(":", "-")
 
     def describe(self) -> dict[str, Any]:
@@ -227,9 +228,10 @@ class CommandChecker:
 
             write_text_atomic(self.opts.iter_info, json.dumps({"iteration": iteration - 1,
                                                                "fp32_nodes": sorted(plan.fp32)}) + "\n")
-        inner = in_process_command(self.spec.command) if self.opts.in_process else None
+        inner = _in_process(self.spec.command, self.opts, self.in_process_main)
         try:
-            out = run_check(self.spec, timeout, env) if inner is None else run_in_process(self.spec, inner)
+            out = run_check(self.spec, timeout, env) if inner is None else \
+                run_in_process(self.spec, inner, self.in_process_main)  # type: ignore[arg-type]
         finally:
             if self.opts.remove_intermediate:
                 self.files.remove()
@@ -335,6 +337,14 @@ class PassesChecker:
         pass
 
 
+def _in_process(command: list[str], opts: Check, main: Callable[[list[str]], int] | None) -> list[str] | None:
+    """bisector's own argv when the check is bisector and can run in this process (the CLI hands down its entry
+    point), else None."""
+    if not opts.in_process or main is None:
+        return None
+    return in_process_command(command)
+
+
 def _callable_name(fn: Callable) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
 
@@ -356,12 +366,14 @@ def debug_precision(model: str | Path, check: list[str] | None = None, *, passes
                     on_verdict: Callable[[Verdict], None] | None = None, inputs: Inputs | None = None,
                     tolerances: Tolerances | None = None, backend: BackendChoice | None = None,
                     cache: Cache | None = None, search: Search | None = None, debug: Check | None = None,
-                    **options: Any) -> DebugResult:
+                    in_process_main: Callable[[list[str]], int] | None = None, **options: Any) -> DebugResult:
     """Search the FP32 set with a check as the oracle: `check` a command (argv list, run in the current directory
     once per candidate, after the candidate's files are written there) or `passes(candidate) -> bool` in process.
 
     Options: the groups of `precision` plus `Check` (`mode="bisect"`, `fail_codes=[1]`, `check_timeout=60`,
     `on_check_error="fail"`, `iter_artifact="polygraphy_debug.engine"`, …) as typed groups or flat keywords.
+    `in_process_main`: bisector's CLI entry point (`bisector.cli.main.main`, which the CLI hands down): a check
+    that is `bisector run …` then runs in this process instead of as a subprocess (`in_process=False` to refuse).
     Raises UsageError (exit 2: e.g. the check names an engine and TensorRT is absent), AccuracyFailure (exit 1:
     even all-FP32 fails the check), CheckError (exit 3: a check timed out, crashed or could not be prepared)."""
     groups = split_options(options, DEBUG_GROUPS, Inputs=inputs, Tolerances=tolerances, BackendChoice=backend,
@@ -373,7 +385,7 @@ def debug_precision(model: str | Path, check: list[str] | None = None, *, passes
     if check is not None:
         check = [str(t) for t in check]
         spec = c.spec(check)  # validates the command and the flags that read its end
-        _check_environment(check, c)
+        _check_environment(check, c, in_process_main)
     precision = "bf16" if c.bf16 else "fp16"
     strategy, direction = (c.mode, c.dir or s.direction or "forward") if c.mode else (s.strategy, c.dir or s.direction)
     budget = Budget(max_evals=s.max_evals, time_limit=s.time_limit)
@@ -399,7 +411,7 @@ def debug_precision(model: str | Path, check: list[str] | None = None, *, passes
             if c.engine and tensorrt_installed():
                 b = groups[BackendChoice]
                 files.engine_builder = EngineWriter(catalog, b.backend_options(groups[Inputs].input_shapes), precision)
-            checker = CommandChecker(files, spec, c)
+            checker = CommandChecker(files, spec, c, in_process_main)
             cache_dir = None if groups[Cache].no_cache else (groups[Cache].cache_dir or _default_cache_dir())
         else:
             from bisector.app.job import build_job
@@ -482,7 +494,8 @@ def _search(model, catalog, job, checker, journal, description, *, check, passes
                "engine": sum(v.seconds.get("engine", 0.0) for v in verdicts if v.source == "new")}
     constraints = DebugConstraints(
         tool_version=__version__, model=str(model), model_sha256=catalog.sha256,
-        backend=_backend_record(check, passes, job, files if check is not None else None, c),
+        backend=_backend_record(check, passes, job, files if check is not None else None, c,
+                                checker.in_process_main if check is not None else None),
         precision=precision,
         tolerances=job.tolerance.describe() if job is not None else {"decided_by": "the check command"},
         inputs=job.inputs_info if job is not None else {"source": "the check command's own", "sets": "its"},
@@ -503,24 +516,34 @@ def _search(model, catalog, job, checker, journal, description, *, check, passes
 
 def _search_inputs(s: Search, catalog) -> tuple[dict, frozenset[str] | None]:
     """--scores (a profile.json) and --start-from (a constraints.json) as for `precision`."""
-    from bisector.app.precision import _load_scores, _start_set
+    from bisector.sensitivity import load_scores
 
-    hints = {}
+    hints: dict[str, Any] = {}
     if s.scores == "profile":
         raise UsageError("--scores profile computes sensitivity with the emulate backend, not with a check: run "
                          "`bisector profile MODEL -o DIR` and pass --scores DIR/profile.json")
     if s.scores is not None:
-        hints["scores"] = _load_scores(s.scores, catalog.candidates)
-    start = _start_set(s.start_from, catalog) if s.start_from is not None else None
+        loaded = load_scores(s.scores)
+        if not set(loaded) & set(catalog.candidates):
+            raise UsageError(f"--scores {s.scores} names none of this model's candidates (a profile of another "
+                             "model?)")
+        hints["scores"] = {n: loaded.get(n, 0.0) for n in catalog.candidates}
+    start = None
+    if s.start_from is not None:
+        recorded = Constraints.read(s.start_from).fp32_nodes
+        missing = catalog.unknown(recorded)
+        if missing:
+            raise UsageError(f"--start-from {s.start_from}: node(s) not in this model: {missing}")
+        start = frozenset(n for n in recorded if n in catalog.candidates)
     return hints, start
 
 
-def _backend_record(check, passes, job, files, c: Check) -> dict[str, str]:
+def _backend_record(check, passes, job, files, c: Check, main) -> dict[str, str]:
     """constraints.json's `backend`: what judged the candidates."""
     if check is None:
         return {"backend": "passes", "function": _callable_name(passes), "outputs_from": job.backend.name}
     rec = {"backend": "check", "command": " ".join(check)}
-    if c.in_process and in_process_command(check) is not None:
+    if _in_process(check, c, main) is not None:
         rec["run"] = "in process"
     if files.engine_builder is not None:
         rec["engine"] = "tensorrt " + str(files.engine_builder.describe().get("tensorrt", ""))
@@ -533,7 +556,7 @@ def _default_cache_dir() -> Path:
     return default_cache_dir()
 
 
-def _check_environment(check: list[str], c: Check) -> None:
+def _check_environment(check: list[str], c: Check, main: Callable[[list[str]], int] | None) -> None:
     """Before any work: the check names an engine and TensorRT is absent (exit 2, with what to run instead); the
     program does not exist; debug flags that landed in the check command."""
     engine = names_engine(check, str(c.base) + ".engine")
@@ -547,7 +570,7 @@ def _check_environment(check: list[str], c: Check) -> None:
             f"provider) or `--check bisector run MODEL --fp16 --constraints {json_name} --load-outputs golden.json "
             f"--atol 1e-1` (bisector's FP16 emulation); or install TensorRT (pip install 'bisector[tensorrt]')")
     prog = check[0]
-    if c.in_process and in_process_command(check) is not None:
+    if _in_process(check, c, main) is not None:
         log.info("the check is bisector itself: it runs in this process (--subprocess-check to run it as a process)")
         if c.check_timeout is not None:
             log.warning("--check-timeout does not apply to a check run in process; add --subprocess-check to "

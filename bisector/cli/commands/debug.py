@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from bisector.app.debug import Check
+from bisector.app.api import Check
 from bisector.app.options import BackendChoice, Cache, Inputs, Search
 from bisector.cli.options import Fp16, JsonOut, JunitOut, Model, Verbose, command, human_output, setup_logging, write_json
 from bisector.cli.progress import SearchProgress
@@ -60,8 +60,9 @@ def precision(model: Model, fp16: Fp16 = True, check: CheckFlag = False,
     """Search the FP32 set with a check command as the oracle (Polygraphy's `debug precision`), then write the
     usual artifacts. Exit codes: 0 a passing set, 1 nothing passes, 2 usage/environment (e.g. the check needs a
     TensorRT engine and TensorRT is absent), 3 a check timed out, crashed or could not be prepared."""
-    from bisector.app.debug import debug_precision
+    from bisector.app.api import debug_precision
     from bisector.cli.argv import CHECK_COMMAND
+    from bisector.cli.main import main as cli_main  # a `bisector run …` check runs in this process through it
     from bisector.errors import UsageError
 
     setup_logging(verbose)
@@ -72,13 +73,14 @@ def precision(model: Model, fp16: Fp16 = True, check: CheckFlag = False,
     s = opts[Search]
     display = CheckProgress(live=None if progress else False, max_evals=s.max_evals, time_limit=s.time_limit)
     r = debug_precision(model, command_line, output_dir=output_dir, progress=display, inputs=opts[Inputs],
-                        backend=opts[BackendChoice], cache=opts[Cache], search=s, debug=opts[Check])
+                        backend=opts[BackendChoice], cache=opts[Cache], search=s, debug=opts[Check],
+                        in_process_main=cli_main)
     c = r.constraints
     info = c.check
     if json_out is not None:
         write_json(json_out, c.model_dump_json(indent=2) + "\n")
     if junit is not None:
-        from bisector.artifacts.junit import Case, Suite
+        from bisector.app.api import Case, Suite
 
         final = next((v for v in reversed(r.verdicts) if frozenset(v.fp32) == frozenset(r.fp32_nodes)), None)
         suite = Suite()  # one case: the final set under the check (its last verdict, exit code and duration)
