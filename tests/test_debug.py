@@ -492,3 +492,10 @@ def test_ctrl_c_kills_the_running_check_and_exits_130(work):
     with pytest.raises(ProcessLookupError):
         os.kill(child, 0)
     assert not list(work.glob("polygraphy_debug.*"))
+
+
+def test_objective_flops_is_accepted_and_confirm_on_is_refused(work):
+    base = ["debug", "precision", SEED, "--fp16", "--no-cache", "--no-progress", "-o", work / "out"]
+    assert main_cli(*base, "--objective", "flops", "--check", PY, "needs.py", "Add", "Sub") == 0
+    assert json.loads((work / "out" / "constraints.json").read_text())["fp32_nodes"] == ["Add", "Sub"]
+    assert main_cli(*base, "--confirm-on", "emulate", "--check", PY, "needs.py") == 2

@@ -528,6 +528,14 @@ def _search_inputs(s: Search, catalog) -> tuple[dict, frozenset[str] | None]:
             raise UsageError(f"--scores {s.scores} names none of this model's candidates (a profile of another "
                              "model?)")
         hints["scores"] = {n: loaded.get(n, 0.0) for n in catalog.candidates}
+    if getattr(s, "objective", "count") == "flops":
+        from bisector.costs import node_costs
+
+        costs = node_costs(catalog.model)
+        hints["costs"] = {n: costs.get(n, 1.0) for n in catalog.candidates}
+    if getattr(s, "confirm_on", None) is not None:
+        raise UsageError("--confirm-on re-judges with bisector's comparison; debug precision's judge is the check "
+                         "command: make the check run on that hardware instead")
     start = None
     if s.start_from is not None:
         recorded = Constraints.read(s.start_from).fp32_nodes
