@@ -72,7 +72,10 @@ def run_real(work: Path, in_process: bool) -> dict:
     os.chdir(work)
     try:
         t0 = time.perf_counter()
-        r = bisector.debug_precision(MODEL, check, no_cache=True, hide_fail_output=True, in_process=in_process)
+        from bisector.cli.main import main as cli_main
+
+        r = bisector.debug_precision(MODEL, check, no_cache=True, hide_fail_output=True, in_process=in_process,
+                                     in_process_main=cli_main)
         wall = time.perf_counter() - t0
     finally:
         os.chdir(cwd)
