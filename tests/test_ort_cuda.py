@@ -118,3 +118,16 @@ def test_cuda_provider_options_disable_tf32():
     cuda = b._providers(allow_cpu=False)
     assert cuda == [(CUDA_EP, {"device_id": "0", "use_tf32": "0"})]
     assert b._providers(allow_cpu=True)[-1] == CPU_EP
+
+
+def test_extra_cuda_options_from_environment(monkeypatch):
+    from bisector.backends.ort_cuda import OPTIONS_ENV, extra_cuda_options
+
+    monkeypatch.delenv(OPTIONS_ENV, raising=False)
+    assert extra_cuda_options() == {}
+    monkeypatch.setenv(OPTIONS_ENV, " cudnn_conv_algo_search=HEURISTIC , arena_extend_strategy=kSameAsRequested")
+    assert extra_cuda_options() == {"cudnn_conv_algo_search": "HEURISTIC", "arena_extend_strategy": "kSameAsRequested"}
+    for bad in ("cudnn_conv_algo_search", "use_tf32=1", "=x"):
+        monkeypatch.setenv(OPTIONS_ENV, bad)
+        with pytest.raises(UsageError):
+            extra_cuda_options()

@@ -103,6 +103,9 @@ class OrtCudaBackend:
         }
         if self._device:
             d.update({f"device_{k}": v for k, v in self._device.items()})
+        extra = extra_cuda_options()
+        if extra:  # e.g. another cuDNN algorithm choice: other kernels, so other verdicts (part of the journal key)
+            d["cuda_options"] = ",".join(f"{k}={v}" for k, v in sorted(extra.items()))
         # Which verdicts are real-GPU ones: nodes that ran on the CPU provider in any session so far.
         d["cpu_fallback_nodes"] = ",".join(fallback_nodes)
         d["cpu_fallback_plans"] = str(sum(1 for v in self.cpu_fallback.values() if v["nodes"] or v["other"]))
@@ -146,7 +149,7 @@ class OrtCudaBackend:
             return list(self._forced_providers)
         # use_tf32=0: ORT's CUDA provider runs FP32 MatMul/Conv in TF32 by default (10-bit mantissa), so a node
         # kept "FP32" would not be FP32 and even the all-FP32 plan fails tight tolerances (seen on the H100).
-        cuda = (CUDA_EP, {"device_id": str(self.device_id), "use_tf32": "0"})
+        cuda = (CUDA_EP, {"device_id": str(self.device_id), "use_tf32": "0", **extra_cuda_options()})
         return [cuda, CPU_EP] if allow_cpu else [cuda]
 
     def _options(self, strict: bool, profile: bool):
@@ -278,6 +281,25 @@ class OrtCudaBackend:
             raise UsageError(f"--backend ort-cuda: ONNX Runtime fell back to {sess.get_providers()} instead of the "
                              f"CUDA provider on device {self.device_id} (no usable GPU or CUDA/cuDNN libraries "
                              f"missing). {_INSTALL_HINT}")
+
+
+OPTIONS_ENV = "BISECTOR_ORT_CUDA_OPTIONS"
+
+
+def extra_cuda_options() -> dict[str, str]:
+    """CUDA provider options from BISECTOR_ORT_CUDA_OPTIONS ("key=value,key=value"), e.g.
+    `cudnn_conv_algo_search=HEURISTIC` (ORT's default EXHAUSTIVE benchmarks every Conv's algorithms in each new
+    session, i.e. once per plan here). device_id and use_tf32 stay the backend's."""
+    raw = os.environ.get(OPTIONS_ENV, "").strip()
+    out: dict[str, str] = {}
+    for item in filter(None, (x.strip() for x in raw.split(","))):
+        k, sep, v = item.partition("=")
+        if not sep or not k.strip():
+            raise UsageError(f"{OPTIONS_ENV}={raw!r}: give key=value pairs separated by commas")
+        if k.strip() in ("device_id", "use_tf32"):
+            raise UsageError(f"{OPTIONS_ENV}: {k.strip()} is set by the backend")
+        out[k.strip()] = v.strip()
+    return out
 
 
 def import_ort(check_cuda: bool):
