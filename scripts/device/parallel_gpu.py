@@ -148,7 +148,7 @@ class Smi:
     def __enter__(self):
         try:
             self.f = open(self.path, "w")
-            self.p = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,utilization.gpu,memory.used",
+            self.p = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,index,utilization.gpu,memory.used",
                                        "--format=csv,noheader,nounits", "-lms", "200"], stdout=self.f,
                                       stderr=subprocess.DEVNULL)
         except OSError:
@@ -162,20 +162,25 @@ class Smi:
             self.f.close()
 
     def summary(self) -> dict:
-        util, mem = [], []
+        per: dict[str, tuple[list, list]] = {}
         try:
             for ln in self.path.read_text().splitlines():
                 parts = [x.strip() for x in ln.split(",")]
-                if len(parts) >= 3:
-                    util.append(float(parts[1]))
-                    mem.append(float(parts[2]))
+                if len(parts) >= 4:
+                    u, m = per.setdefault(parts[1], ([], []))
+                    u.append(float(parts[2]))
+                    m.append(float(parts[3]))
         except (OSError, ValueError):
             pass
-        if not util:
-            return {}
-        return {"samples": len(util), "util_mean": round(statistics.mean(util), 1), "util_median": statistics.median(util),
-                "util_max": max(util), "util_busy_share": round(sum(u > 0 for u in util) / len(util), 2),
-                "mem_max_MiB": max(mem)}
+
+        def one(util, mem):
+            return {"samples": len(util), "util_mean": round(statistics.mean(util), 1),
+                    "util_median": statistics.median(util), "util_max": max(util),
+                    "util_busy_share": round(sum(u > 0 for u in util) / len(util), 2), "mem_max_MiB": max(mem)}
+
+        if len(per) == 1:
+            return one(*next(iter(per.values())))
+        return {f"gpu{k}": one(*v) for k, v in per.items() if v[0]}
 
 
 def run_one(label: str, model: str, args: list[str], backend: str, workers: int, smi_dir: Path, env_extra=None,
