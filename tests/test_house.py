@@ -166,3 +166,19 @@ def test_objective_is_recorded_with_the_sets_cost():
     c = r.constraints
     assert c.objective == "flops" and r.fp32_nodes == ["Add", "Sub"]
     assert 0 < c.fp32_cost["set"] < c.fp32_cost["all_candidates"]
+
+
+def test_confirm_on_outcome_wording():
+    """--confirm-on's log line says whether the set found here failed there, not only how the final set relates to
+    it (on the GPU a failing 3-node set was replaced by a different 2-node set, which the old wording called
+    'extended')."""
+    from bisector.app.precision import _confirm_outcome
+    from bisector.search.judge import Verdict
+
+    a, ab, abc, d = frozenset("a"), frozenset("ab"), frozenset("abc"), frozenset("d")
+    ok, bad = Verdict(ab, True, {}, 0), Verdict(ab, False, {}, 0)
+    assert _confirm_outcome([ok], ab, ab) == "holds"
+    assert _confirm_outcome([ok], ab, a) == "holds (then shrunk)"
+    assert _confirm_outcome([bad], ab, abc) == "fails (extended)"
+    assert _confirm_outcome([bad], ab, d) == "fails, so it was replaced"
+    assert _confirm_outcome([], ab, abc) == "was extended"

@@ -190,8 +190,19 @@ def _confirm(model: Path, groups: dict, confirm: BackendChoice, s: Search, found
             if journal is not None:
                 journal.close()
     log.info("--confirm-on %s: the set of %d node(s) %s there; final set %d node(s)", confirm.backend,
-             len(found.fp32), "holds" if result.fp32 <= found.fp32 else "was extended", len(result.fp32))
+             len(found.fp32), _confirm_outcome(oracle.history, found.fp32, result.fp32), len(result.fp32))
     return result
+
+
+def _confirm_outcome(history: list[Verdict], found: frozenset[str], final: frozenset[str]) -> str:
+    """How --confirm-on's search on the other backend ended, from its verdict of the set found here: a failing set
+    is not necessarily extended (the search from it may settle on another, even smaller, set)."""
+    first = next((v for v in history if v.fp32 == found), None)
+    if first is not None and not first.passed:
+        return "fails" + (" (extended)" if final > found else ", so it was replaced")
+    if first is None:  # not judged there (no verdict recorded): say only how the set changed
+        return "holds" if final <= found else "was extended" if final > found else "was replaced"
+    return "holds (then shrunk)" if final < found else "holds"
 
 
 # Modules a worker imports before it receives its job (forkserver: once, in the server).

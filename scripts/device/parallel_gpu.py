@@ -341,10 +341,12 @@ def cmd_report(a) -> int:
             print(f"| {r['label']} | skipped ({r['skipped']}) |||||||||")
             continue
         g = r.get("gpu", {})
+        gs = [g] if "util_mean" in g else [g[k] for k in sorted(g)]
+        cell = lambda k: " ; ".join(str(x.get(k)) for x in gs)  # noqa: E731
+        util = " ; ".join(f"{x.get('util_mean')} / {x.get('util_median')} / {x.get('util_max')}" for x in gs)
         print(f"| {r['label']} | {r.get('wall')} | {r.get('timings', {}).get('search', '–')} | {r.get('evaluations')} | "
               f"{r.get('rounds')} | {r.get('per_eval_s')} | {len(r.get('fp32', []))}: {', '.join(r.get('fp32', []))[:120]} | "
-              f"{g.get('util_mean')} / {g.get('util_median')} / {g.get('util_max')} | {g.get('util_busy_share')} | "
-              f"{g.get('mem_max_MiB')} |")
+              f"{util} | {cell('util_busy_share')} | {cell('mem_max_MiB')} |")
     print()
     for k, v in d.get("inference", {}).items():
         print(f"- {k}: {v}")
