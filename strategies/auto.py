@@ -23,9 +23,12 @@ each. When more than ``diffuse_after`` culprits have turned up, ``auto`` switche
    about half pass; a node's estimate is the pass rate of the probes that kept it FP32 minus of those that did
    not). With the ``costs`` hint the order is by estimate per cost (the threshold then prefers cheap nodes).
 2. binary-search the shortest passing prefix of that order (P-ary with P workers);
-3. shrink it: remove nodes in reverse rank order (most expensive first among equals with ``costs``) while the
-   rest passes, then "drop two, add one" swaps (``swaps`` tries: two of the lowest-ranked members out, the
-   best-ranked outsider in), then the literal 1-minimality check.
+3. shrink it: remove nodes in reverse rank order (most expensive first among equals with ``costs``) in adaptive
+   chunks (``shrink="groups"``, _util.group_reduce: a chunk that passes removed and the next one twice as large,
+   a failing chunk halved; ``shrink="single"`` is the one-by-one greedy of before), then the literal
+   1-minimality check (``together``: when several single removals pass, removing them all at once is tried
+   first), then "drop two, add one" swaps (``swaps`` tries: two of the lowest-ranked members out, the
+   best-ranked outsider in) and the check again.
 
 Estimate
 --------
@@ -45,7 +48,7 @@ import math
 import random
 from typing import Callable, Mapping, Sequence
 
-from ._util import Asker, greedy_reduce, one_minimal, repair
+from ._util import Asker, greedy_reduce, group_reduce, one_minimal, repair
 from .gt import GroupTesting, _AllFail, _log_comb
 
 
@@ -71,7 +74,9 @@ class Auto(GroupTesting):
     Options (besides ``gt``'s): ``diffuse_after`` — switch to the ranked search when more culprits than this have
     been found (0 disables the switch); ``probes`` — random tests for the first-order ranking when no scores
     are given (default: about 0.15·N, 16–64); ``swaps`` — "drop two, add one" tries after the shrink;
-    ``seed`` — the probes' generator seed.
+    ``seed`` — the probes' generator seed; ``shrink`` — "groups" (adaptive chunks, default) or "single" (one
+    node at a time, the shrink before); ``together`` — in the 1-minimality sweeps, try dropping every removal
+    that passed at once.
     """
 
     name = "auto"
@@ -88,6 +93,8 @@ class Auto(GroupTesting):
         swaps: int = 4,
         seed: int = 0,
         cost_weight: float = 0.5,
+        shrink: str = "groups",
+        together: bool = True,
     ) -> None:
         super().__init__(prior_decay, use_scores, power_of_two, smart_split, prior_power)
         self.diffuse_after = diffuse_after
@@ -95,6 +102,8 @@ class Auto(GroupTesting):
         self.swaps = swaps
         self.seed = seed
         self.cost_weight = cost_weight
+        self.shrink = shrink
+        self.together = together
 
     # ------------------------------------------------------------------ search
     def search(
@@ -403,8 +412,11 @@ class Auto(GroupTesting):
             removal = sorted(half, key=lambda x: (-costs[x], -pos[x])) + bottom[len(half) :]
         # Only the lowest-ranked part of the prefix is worth trying one by one: every removal that passes after
         # a failed one makes that failed check stale, and the literal 1-minimality check re-asks the rest anyway.
-        window = removal
-        result = greedy_reduce(ask, prefix, window)
+        if self.shrink == "groups":
+            result = group_reduce(ask, prefix, removal)
+            result = one_minimal(ask, result, list(reversed(removal)), together=self.together)
+        else:
+            result = greedy_reduce(ask, prefix, removal)
         result = self._swap(ask, result, rank, costs)
         return result
 
@@ -476,6 +488,6 @@ class Auto(GroupTesting):
             best = min(better, key=lambda s: (value(s), len(s)))
             if value(best) >= value(result):
                 continue
-            result = one_minimal(ask, best, rank)
+            result = one_minimal(ask, best, rank, together=self.together)
             ask.phase = "swap"
-        return one_minimal(ask, result, rank)
+        return one_minimal(ask, result, rank, together=self.together)
