@@ -48,7 +48,7 @@ import math
 import random
 from typing import Callable, Mapping, Sequence
 
-from ._util import Asker, greedy_reduce, group_reduce, one_minimal, repair
+from ._util import Asker, greedy_reduce, group_reduce, one_minimal, one_minimal_cyclic, repair
 from .gt import GroupTesting, _AllFail, _log_comb
 
 
@@ -95,6 +95,8 @@ class Auto(GroupTesting):
         cost_weight: float = 0.5,
         shrink: str = "groups",
         together: bool = True,
+        cyclic: bool = True,
+        from_state: str = "",
     ) -> None:
         super().__init__(prior_decay, use_scores, power_of_two, smart_split, prior_power)
         self.diffuse_after = diffuse_after
@@ -104,6 +106,8 @@ class Auto(GroupTesting):
         self.cost_weight = cost_weight
         self.shrink = shrink
         self.together = together
+        self.cyclic = cyclic
+        self.from_state = from_state
 
     # ------------------------------------------------------------------ search
     def search(
@@ -128,6 +132,10 @@ class Auto(GroupTesting):
         except _AllFail:
             return frozenset(cands)
         except _Diffuse:
+            if self.from_state:
+                got = self._from_state(ask, cands, found, undecided)
+                if got is not None:
+                    return got
             return self._diffuse(ask, cands, found, hints)
         self._estimate(ask, len(cands), len(found), diffuse=False, final=True)
         return repair(ask, frozenset(found), order)
@@ -414,11 +422,22 @@ class Auto(GroupTesting):
         # a failed one makes that failed check stale, and the literal 1-minimality check re-asks the rest anyway.
         if self.shrink == "groups":
             result = group_reduce(ask, prefix, removal)
-            result = one_minimal(ask, result, list(reversed(removal)), together=self.together)
+            result = self._one_minimal(ask, result, list(reversed(removal)))
         else:
             result = greedy_reduce(ask, prefix, removal)
         result = self._swap(ask, result, rank, costs)
         return result
+
+    def _from_state(self, ask: Asker, cands: list[str], found: list[str], undecided: list[str]) -> frozenset[str] | None:
+        start = frozenset(found) | frozenset(undecided)
+        if not ask(start):
+            return None
+        if self.from_state == "topo":
+            removal = [x for x in cands if x in set(undecided)] + list(reversed(found))
+        else:
+            removal = [x for x in reversed(cands) if x in set(undecided)] + list(reversed(found))
+        result = group_reduce(ask, start, removal)
+        return self._one_minimal(ask, result, list(reversed(removal)))
 
     def _probe_count(self, n: int, scores: object) -> int:
         if scores is not None:
@@ -488,6 +507,11 @@ class Auto(GroupTesting):
             best = min(better, key=lambda s: (value(s), len(s)))
             if value(best) >= value(result):
                 continue
-            result = one_minimal(ask, best, rank, together=self.together)
+            result = self._one_minimal(ask, best, rank)
             ask.phase = "swap"
-        return one_minimal(ask, result, rank, together=self.together)
+        return self._one_minimal(ask, result, rank)
+
+    def _one_minimal(self, ask: Asker, s: frozenset[str], order: list[str]) -> frozenset[str]:
+        if self.cyclic:
+            return one_minimal_cyclic(ask, s, order)
+        return one_minimal(ask, s, order, together=self.together)
