@@ -115,18 +115,13 @@ class Asker:
             )
 
 
-def one_minimal(ask: Asker, s: frozenset[str], order: Sequence[str] | None = None,
-                together: bool = False) -> frozenset[str]:
+def one_minimal(ask: Asker, s: frozenset[str], order: Sequence[str] | None = None) -> frozenset[str]:
     """Make a *passing* set 1-minimal: remove single nodes while the rest passes, until no removal passes.
 
     Every single-removal check on the final set is asked literally (no inference), so the result is 1-minimal
     for any oracle. The checks on one set are independent, so they go through ``batch`` when offered; when some
     removal passes, a sequential sweep (keeping each passing removal at once) follows, and the whole repeats
     until a set has no passing removal. ``order`` (default: candidate order) is the sweep order.
-
-    ``together``: when several removals pass, first try removing them all at once (one evaluation); on oracles
-    where a smaller FP32 set often does better (FP32 islands cost casts: the encoder at tight tolerances) this
-    replaces the sweep. The final check is literal either way.
     """
     ask.phase = "verify"
     rank = {n: i for i, n in enumerate(order)} if order is not None else ask.index
@@ -136,9 +131,6 @@ def one_minimal(ask: Asker, s: frozenset[str], order: Sequence[str] | None = Non
         if not any(answers):
             return s
         removable = [n for n, ok in zip(members, answers) if ok]
-        if together and len(removable) > 1 and ask(s - frozenset(removable)):
-            s = s - frozenset(removable)
-            continue
         s = s - {removable[0]}
         # sweep the other removals that passed (a node whose removal failed from the larger set is asked again
         # only in the next full check: for a monotone oracle it fails again), then check everything again

@@ -15,7 +15,8 @@ Diffuse error (many nodes each adding a little)
 Group testing assumes culprits; under diffuse error (the additive model: passes iff the error weight of the
 FP16 nodes stays under a threshold) every group fails once the slack is used, group testing isolates a "culprit"
 per node that does not fit — a first-fit packing in topological order — and pays log2 of the group size for
-each. When more than ``diffuse_after`` culprits have turned up, ``auto`` switches:
+each. When more than ``diffuse_after`` culprits have turned up (and there are at least ``min_candidates``
+candidates: below 64 the ranked search's fixed cost does not pay, ``gt`` goes on), ``auto`` switches:
 
 1. rank the candidates: the culprits found so far first (in discovery order: found against a larger slack means
    heavier), then by the ``scores`` hint when given, else by a first-order estimate from ``probes`` random
@@ -25,10 +26,11 @@ each. When more than ``diffuse_after`` culprits have turned up, ``auto`` switche
 2. binary-search the shortest passing prefix of that order (P-ary with P workers);
 3. shrink it: remove nodes in reverse rank order (most expensive first among equals with ``costs``) in adaptive
    chunks (``shrink="groups"``, _util.group_reduce: a chunk that passes removed and the next one twice as large,
-   a failing chunk halved; ``shrink="single"`` is the one-by-one greedy of before), then the literal
-   1-minimality check (``together``: when several single removals pass, removing them all at once is tried
-   first), then "drop two, add one" swaps (``swaps`` tries: two of the lowest-ranked members out, the
-   best-ranked outsider in) and the check again.
+   a failing chunk halved; ``shrink="single"`` is the one-by-one greedy of before), then 1-minimality by
+   cycling through the members (``cyclic``, _util.one_minimal_cyclic: a removal that passes is kept at once and
+   the literal check — every removal failing against the final set — is paid once, instead of |R| per change),
+   then "drop two, add one" swaps (``swaps`` tries: two of the lowest-ranked members out, the best-ranked
+   outsider in) and the check again.
 
 Estimate
 --------
@@ -75,8 +77,9 @@ class Auto(GroupTesting):
     been found (0 disables the switch); ``probes`` — random tests for the first-order ranking when no scores
     are given (default: about 0.15·N, 16–64); ``swaps`` — "drop two, add one" tries after the shrink;
     ``seed`` — the probes' generator seed; ``shrink`` — "groups" (adaptive chunks, default) or "single" (one
-    node at a time, the shrink before); ``together`` — in the 1-minimality sweeps, try dropping every removal
-    that passed at once.
+    node at a time, the shrink before); ``cyclic`` — cyclic 1-minimality sweeps (False: ``gt``'s
+    check-everything-after-each-change); ``min_candidates`` — no switch below this many candidates (the ranked
+    search's fixed cost — ≥ 16 probes, log2 N prefix steps, one check per prefix member — does not pay there).
     """
 
     name = "auto"
@@ -94,9 +97,8 @@ class Auto(GroupTesting):
         seed: int = 0,
         cost_weight: float = 0.5,
         shrink: str = "groups",
-        together: bool = True,
         cyclic: bool = True,
-        from_state: str = "",
+        min_candidates: int = 64,
     ) -> None:
         super().__init__(prior_decay, use_scores, power_of_two, smart_split, prior_power)
         self.diffuse_after = diffuse_after
@@ -105,9 +107,8 @@ class Auto(GroupTesting):
         self.seed = seed
         self.cost_weight = cost_weight
         self.shrink = shrink
-        self.together = together
         self.cyclic = cyclic
-        self.from_state = from_state
+        self.min_candidates = min_candidates
 
     # ------------------------------------------------------------------ search
     def search(
@@ -132,10 +133,6 @@ class Auto(GroupTesting):
         except _AllFail:
             return frozenset(cands)
         except _Diffuse:
-            if self.from_state:
-                got = self._from_state(ask, cands, found, undecided)
-                if got is not None:
-                    return got
             return self._diffuse(ask, cands, found, hints)
         self._estimate(ask, len(cands), len(found), diffuse=False, final=True)
         return repair(ask, frozenset(found), order)
@@ -229,7 +226,7 @@ class Auto(GroupTesting):
         ask.report(len(found))
         if not self._estimated:
             self._estimate(ask, len(cands), self._expected_k(len(cands), len(found), len(undecided)), False)
-        if self.diffuse_after and len(found) > self.diffuse_after:
+        if self.diffuse_after and len(found) > self.diffuse_after and len(cands) >= self.min_candidates:
             raise _Diffuse
 
     # ------------------------------------------------------------------ sparse engine, P tests per round
@@ -428,17 +425,6 @@ class Auto(GroupTesting):
         result = self._swap(ask, result, rank, costs)
         return result
 
-    def _from_state(self, ask: Asker, cands: list[str], found: list[str], undecided: list[str]) -> frozenset[str] | None:
-        start = frozenset(found) | frozenset(undecided)
-        if not ask(start):
-            return None
-        if self.from_state == "topo":
-            removal = [x for x in cands if x in set(undecided)] + list(reversed(found))
-        else:
-            removal = [x for x in reversed(cands) if x in set(undecided)] + list(reversed(found))
-        result = group_reduce(ask, start, removal)
-        return self._one_minimal(ask, result, list(reversed(removal)))
-
     def _probe_count(self, n: int, scores: object) -> int:
         if scores is not None:
             return 0
@@ -514,4 +500,4 @@ class Auto(GroupTesting):
     def _one_minimal(self, ask: Asker, s: frozenset[str], order: list[str]) -> frozenset[str]:
         if self.cyclic:
             return one_minimal_cyclic(ask, s, order)
-        return one_minimal(ask, s, order, together=self.together)
+        return one_minimal(ask, s, order)
