@@ -4,6 +4,7 @@
     python bench/strategies.py --quick    # N in {64,128}, 5 seeds
     python bench/strategies.py --diffuse  # only the diffuse (additive-error) cases, synthetic and real models
     python bench/strategies.py --workers  # only the parallel-rounds benchmark (P = 1, 2, 4, 8)
+    python bench/strategies.py --diffuse --auto shrink=groups --auto cyclic=true   # auto with options
 
 Counts DISTINCT sets asked (the driver caches repeats). ``run_on_oracle`` is the hook for real fixtures: give it
 candidates and a ``passes`` function (e.g. the emulate backend's oracle) and it runs every strategy on it.
@@ -38,6 +39,7 @@ from bisector.strategies import CountingOracle, load_strategies  # noqa: E402
 
 ORDER = ["auto", "gt", "greedy", "ddmin", "bisect", "linear"]
 MINIMAL = ["auto", "gt", "greedy", "ddmin"]
+AUTO_OPTIONS: dict[str, object] = {}  # --auto KEY=VALUE: constructor options for auto (e.g. shrink=groups)
 
 
 def run_on_oracle(
@@ -52,7 +54,8 @@ def run_on_oracle(
     for name in strategies:
         oracle = CountingOracle(passes)
         t0 = time.perf_counter()
-        result = found[name]().search(list(candidates), oracle, **hints)
+        strategy = found[name](**AUTO_OPTIONS) if name == "auto" else found[name]()
+        result = strategy.search(list(candidates), oracle, **hints)
         out[name] = {
             "result": result,
             "evaluations": oracle.distinct,
@@ -358,7 +361,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--diffuse", action="store_true", help="only the diffuse cases (synthetic + real models)")
     ap.add_argument("--no-real", action="store_true", help="skip the real-model diffuse cases")
     ap.add_argument("--workers", action="store_true", help="only the parallel-rounds benchmark")
+    ap.add_argument("--auto", action="append", default=[], metavar="KEY=VALUE",
+                    help="an option for auto's constructor, e.g. --auto shrink=groups --auto cyclic=true")
     args = ap.parse_args(argv)
+    for item in args.auto:
+        key, _, value = item.partition("=")
+        low = value.lower()
+        AUTO_OPTIONS[key] = (low == "true") if low in ("true", "false") else int(value) if value.isdigit() else value
     seeds = args.seeds or (5 if args.quick else 10)
     t0 = time.perf_counter()
     if args.workers:
