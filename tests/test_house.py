@@ -109,7 +109,8 @@ def test_python_api_finds_the_planted_set_without_the_cli(tmp_path):
     import bisector
 
     spec = json.loads((ROOT / "fixtures" / "planted.json").read_text())
-    result = bisector.precision(ROOT / "fixtures" / "planted.onnx", val_range={"x": (0, 1)}, atol=5e-2, rtol=2e-2,
+    # atol 8e-2: planted.json's tolerance since inputs are Polygraphy's data loader's (fixtures/generate.py)
+    result = bisector.precision(ROOT / "fixtures" / "planted.onnx", val_range={"x": (0, 1)}, atol=8e-2, rtol=2e-2,
                                 margin=1.0, no_cache=True, output_dir=tmp_path / "out")
     assert result.passed and result.minimal
     assert sorted(result.fp32_nodes) == sorted(spec["fp32_nodes"])
@@ -119,7 +120,7 @@ def test_python_api_finds_the_planted_set_without_the_cli(tmp_path):
     v = bisector.verify(ROOT / "fixtures" / "planted.onnx", tmp_path / "out" / "constraints.json", no_cache=True)
     assert v.passed and v.fp32_nodes == sorted(spec["fp32_nodes"])
     short = bisector.evaluate(ROOT / "fixtures" / "planted.onnx", spec["fp32_nodes"][1:], val_range={"x": (0, 1)},
-                              atol=5e-2, rtol=2e-2, no_cache=True)
+                              atol=8e-2, rtol=2e-2, no_cache=True)
     assert not short.passed and short.verdict.failing
 
 
@@ -155,3 +156,13 @@ def test_confirm_on_rejudges_the_set_on_another_backend(tmp_path):
     assert r.fp32_nodes == ["Add", "Sub"] and r.constraints.confirmed_on == "emulate"
     with pytest.raises(UsageError):
         bisector.precision(seed, val_range={"x": (1, 2)}, atol=1e-1, no_cache=True, confirm_on="ort-cuda")
+
+
+def test_objective_is_recorded_with_the_sets_cost():
+    import bisector
+
+    seed = ROOT / "fixtures" / "needs_constraints.onnx"
+    r = bisector.precision(seed, val_range={"x": (1, 2)}, atol=1e-1, no_cache=True, objective="flops")
+    c = r.constraints
+    assert c.objective == "flops" and r.fp32_nodes == ["Add", "Sub"]
+    assert 0 < c.fp32_cost["set"] < c.fp32_cost["all_candidates"]

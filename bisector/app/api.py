@@ -8,8 +8,11 @@
 from __future__ import annotations
 
 from bisector.app.batch import BatchConfig, BatchResult, ModelEntry, load_config, run_batch
+from bisector.app.convert import convert
+from bisector.app.debug import Candidate, Check, DebugResult, debug_precision
 from bisector.app.evaluate import EvaluateResult, evaluate
-from bisector.app.inspect import inspect
+from bisector.app.inspect import inspect, inspect_data, trt_network
+from bisector.app.polyrun import PolyRunResult, check_model, fp32_from_flags, gen_script, polyrun
 from bisector.app.options import BackendChoice, Cache, Inputs, Search, Tolerances
 from bisector.app.precision import PrecisionResult, precision
 from bisector.app.profile import ProfileResult, profile
@@ -22,5 +25,7 @@ __all__ = [
     "precision", "verify", "evaluate", "profile", "inspect", "run_batch", "load_config",
     "PrecisionResult", "VerifyResult", "EvaluateResult", "ProfileResult", "BatchConfig", "BatchResult", "ModelEntry",
     "Inputs", "Tolerances", "BackendChoice", "Cache", "Search", "Suite", "Case", "format_comparison",
-    "profile_document",
+    "profile_document", "polyrun", "PolyRunResult", "check_model", "fp32_from_flags", "convert", "inspect_data",
+    "trt_network", "gen_script",
+    "debug_precision", "DebugResult", "Candidate", "Check",
 ]

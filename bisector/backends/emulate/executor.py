@@ -24,6 +24,7 @@ import onnxruntime as ort
 from onnx import helper
 
 from bisector.model.catalog import Catalog
+from bisector.model.inputs import feeds_digest  # noqa: F401  (its home is the model layer; re-exported here)
 from bisector.errors import BackendFailure
 from bisector.fp16.arithmetic import split_bias_epilogue
 
@@ -39,23 +40,17 @@ _NP_TO_ONNX = {np.dtype(k): v for k, v in {
 InputHook = Callable[[str, int | None, str, np.ndarray], tuple[np.ndarray, bool]]
 
 
-def feeds_digest(feeds: Mapping[str, np.ndarray]) -> str:
-    h = hashlib.sha256()
-    for name in sorted(feeds):
-        a = np.ascontiguousarray(feeds[name])
-        h.update(name.encode())
-        h.update(str(a.dtype).encode())
-        h.update(str(a.shape).encode())
-        h.update(a.tobytes())
-    return h.hexdigest()
-
-
 class NodeExecutor:
     """One ORT session per node of `catalog.model`, built lazily and kept for every later plan."""
 
-    def __init__(self, catalog: Catalog, threads: int = 0, block_size: int = 8, arithmetic: str = "storage"):
+    def _round_half(self, v: np.ndarray) -> np.ndarray:
+        return _round_bf16(v) if self.half == onnx.TensorProto.BFLOAT16 else _round_fp16(v)
+
+    def __init__(self, catalog: Catalog, threads: int = 0, block_size: int = 8, arithmetic: str = "storage",
+                 half: int = onnx.TensorProto.FLOAT16):
         self.catalog = catalog
         self.arithmetic = arithmetic  # bisector.fp16.arithmetic: "storage" (DESIGN §4) or "gpu"
+        self.half = half  # the reduced storage type of the rounding Casts: FLOAT16, or BFLOAT16 for --bf16
         self.blocks = _partition(catalog, block_size)
         self._sessions: dict[tuple, ort.InferenceSession] = {}
         self._opts = ort.SessionOptions()
@@ -173,7 +168,7 @@ class NodeExecutor:
             idx = explicit_idx[pos] if pos < len(explicit_idx) else None
             v, round_it = read_input(name, idx, t, v)
             if round_it and idx is None:  # outer-scope value of a subgraph: no Cast can reach inside
-                v, round_it = _round_fp16(v), False
+                v, round_it = self._round_half(v), False
             values.append(v)
             rounded.append(bool(round_it))
         out_names = _nonempty(node.output)
@@ -214,7 +209,7 @@ class NodeExecutor:
         for pos, (t, r) in enumerate(zip(inputs, round_in)):
             if r and dtypes[t] == np.float32 and pos < len(explicit_idx):
                 half, back = f"{t}__in{pos}_fp16", f"{t}__in{pos}_rounded"
-                nodes.append(helper.make_node("Cast", [t], [half], to=onnx.TensorProto.FLOAT16))
+                nodes.append(helper.make_node("Cast", [t], [half], to=self.half))
                 nodes.append(helper.make_node("Cast", [half], [back], to=onnx.TensorProto.FLOAT))
                 core.input[explicit_idx[pos]] = back
         out_names = _nonempty(node.output)
@@ -223,7 +218,7 @@ class NodeExecutor:
             if j < len(round_out) and round_out[j]:
                 raw, half = f"{o}__raw", f"{o}__fp16"
                 core.output[list(node.output).index(o)] = raw
-                casts.append(helper.make_node("Cast", [raw], [half], to=onnx.TensorProto.FLOAT16))
+                casts.append(helper.make_node("Cast", [raw], [half], to=self.half))
                 casts.append(helper.make_node("Cast", [half], [o], to=onnx.TensorProto.FLOAT))
         nodes.extend(self._arithmetic(core, any(round_out)))
         nodes.extend(casts)
@@ -310,14 +305,14 @@ class NodeExecutor:
                     alias = rounded_alias.get(t)
                     if alias is None:
                         alias = rounded_alias[t] = f"{t}__rounded"
-                        nodes.append(helper.make_node("Cast", [t], [f"{t}__half"], to=onnx.TensorProto.FLOAT16))
+                        nodes.append(helper.make_node("Cast", [t], [f"{t}__half"], to=self.half))
                         nodes.append(helper.make_node("Cast", [f"{t}__half"], [alias], to=onnx.TensorProto.FLOAT))
                     core.input[slot] = alias
             casts = []
             for j, o in enumerate(_nonempty(node.output)):
                 if outs[j]:
                     core.output[list(node.output).index(o)] = f"{o}__raw"
-                    casts.append(helper.make_node("Cast", [f"{o}__raw"], [f"{o}__half"], to=onnx.TensorProto.FLOAT16))
+                    casts.append(helper.make_node("Cast", [f"{o}__raw"], [f"{o}__half"], to=self.half))
                     casts.append(helper.make_node("Cast", [f"{o}__half"], [o], to=onnx.TensorProto.FLOAT))
             nodes.extend(self._arithmetic(core, any(outs)))
             nodes.extend(casts)
@@ -364,6 +359,12 @@ def _unfusable(catalog: Catalog, node: onnx.NodeProto) -> bool:
         return True
     return any(catalog.tensor_types.get(t) in (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
                for t in list(node.input) + list(node.output) if t)
+
+
+def _round_bf16(v: np.ndarray) -> np.ndarray:
+    from bisector.fp16.rules import round_activation_bf16
+
+    return round_activation_bf16(v) if v.dtype == np.float32 else v
 
 
 def _round_fp16(v: np.ndarray) -> np.ndarray:
