@@ -17,9 +17,9 @@ def backend_factory(name: str, **options: Any) -> Callable[[], Backend]:
 
         return lambda: EmulateBackend(**{k: v for k, v in options.items() if k in ("threads",)})
     if name == "ort-cuda":
-        from bisector.backends.ort_cuda import OrtCudaBackend, _import_ort
+        from bisector.backends.ort_cuda import OrtCudaBackend, import_ort
 
-        _import_ort(check_cuda=True)  # a missing provider is reported before golden outputs are computed
+        import_ort(check_cuda=True)  # a missing provider is reported before golden outputs are computed
 
         return lambda: OrtCudaBackend(**{k: v for k, v in options.items() if k in ("device_id", "strict")})
     if name in ("tensorrt", "tensorrt-rtx"):

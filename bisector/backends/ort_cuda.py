@@ -37,7 +37,8 @@ from onnx import TensorProto, helper
 
 from bisector import __version__
 from bisector.errors import BackendFailure, BuildFailure, UsageError
-from bisector.fp16.mixed import build_mixed_model, fp16_name
+from bisector.fp16.casts import FLOAT, cast, fp16_name
+from bisector.fp16.mixed import build_mixed_model
 from bisector.fp16.plan import Plan
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -69,7 +70,7 @@ class OrtCudaBackend:
         self.session_cache_size = max(1, int(session_cache_size))
         self.graph_optimization = graph_optimization
         self._forced_providers = list(providers) if providers is not None else None
-        self.ort = _import_ort(check_cuda=providers is None)
+        self.ort = import_ort(check_cuda=providers is None)
         self.catalog: Catalog | None = None
         self._sessions: OrderedDict[tuple, Any] = OrderedDict()
         self._device: dict[str, str] | None = None
@@ -212,8 +213,7 @@ class OrtCudaBackend:
                 wanted.append(t)
                 continue
             if t not in produced and fp16_name(t) in produced:
-                graph.node.append(helper.make_node("Cast", [fp16_name(t)], [t], to=TensorProto.FLOAT,
-                                                   name=f"{t}__cast_to_fp32_out"))
+                graph.node.append(cast(fp16_name(t), t, FLOAT))
             elif t not in produced:
                 raise BackendFailure(f"ort-cuda: tensor {t!r} does not exist in the mixed model")
             vi = onnx.ValueInfoProto()
@@ -280,7 +280,7 @@ class OrtCudaBackend:
                              f"missing). {_INSTALL_HINT}")
 
 
-def _import_ort(check_cuda: bool):
+def import_ort(check_cuda: bool):
     import onnxruntime as ort
 
     if not check_cuda:

@@ -35,6 +35,7 @@ import onnx
 from bisector import __version__
 from bisector.errors import BackendFailure, BuildFailure, UsageError
 from bisector.fp16.plan import Plan
+from bisector.model.graph import inner_nodes
 from bisector.backends.trt_import import (
     import_cudart,
     import_tensorrt,
@@ -70,20 +71,11 @@ def subgraph_aliases(model: onnx.ModelProto) -> dict[str, str]:
     """
     top = {n.name for n in model.graph.node}
     aliases: dict[str, str] = {}
-
-    def visit(graph: onnx.GraphProto, owner: str) -> None:
-        for n in graph.node:
+    for node in model.graph.node:
+        for n in inner_nodes(node):
             inner = n.name or (f"node_of_{n.output[0]}" if n.output else "")
             if inner and inner not in top:
-                aliases.setdefault(inner, owner)
-            for a in n.attribute:
-                for g in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
-                    visit(g, owner)
-
-    for node in model.graph.node:
-        for a in node.attribute:
-            for g in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
-                visit(g, node.name)
+                aliases.setdefault(inner, node.name)
     return aliases
 
 

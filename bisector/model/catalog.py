@@ -17,10 +17,12 @@ import onnx
 from onnx import TensorProto
 
 from bisector.errors import UsageError
+from bisector.model.graph import consumers, has_subgraph, node_reads, outer_scope_inputs
 from bisector.model.optable import (
     NEVER_CANDIDATES,
     is_parameter_input,
     model_opset,
+    op_schema,
     supports_fp16,
 )
 
@@ -65,7 +67,7 @@ class Catalog:
             + [o for n in graph.node if n.op_type == "Constant" for o in n.output]
         )
         opset = model_opset(model)
-        outer = {n.name: _outer_scope_inputs(n) for n in graph.node if _has_subgraph(n)}
+        outer = {n.name: outer_scope_inputs(n) for n in graph.node if has_subgraph(n)}
         shape_nodes = _shape_computation_nodes(graph, opset)
         candidates, pinned = [], {}
         for node in graph.node:
@@ -78,7 +80,7 @@ class Catalog:
                 pinned[node.name] = "shape computation: its outputs only feed shape/index parameters"
             elif node.op_type in ("Loop", "Scan"):
                 pinned[node.name] = f"control flow ({node.op_type}): its body is not split; kept FP32 as one unit"
-            elif not supports_fp16(node.op_type, node.domain, opset if node.domain in ("", "ai.onnx") else None):
+            elif not supports_fp16(node.op_type, node.domain, _default_domain_opset(node, opset)):
                 pinned[node.name] = f"{node.op_type} has no FP16 type in the ONNX schema"
             else:
                 candidates.append(node.name)
@@ -121,14 +123,27 @@ class Catalog:
 
     def node_inputs(self, name: str) -> list[str]:
         """Explicit inputs followed by outer-scope values its subgraphs read (If/Loop/Scan)."""
-        node = self.nodes[name]
-        return [t for t in node.input if t] + list(self.outer_inputs.get(name, ()))
+        return [t for t, _ in self.reads(name)]
+
+    def reads(self, name: str) -> list[tuple[str, int | None]]:
+        """(tensor, explicit input index, None for an outer-scope value) for everything the node reads."""
+        return node_reads(self.nodes[name], self.outer_inputs.get(name, ()))
+
+    @cached_property
+    def consumers(self) -> dict[str, list[tuple[onnx.NodeProto, int | None]]]:
+        """tensor -> (reader, input index or None for an outer-scope read), readers in topological order."""
+        return consumers(self.model.graph.node, self.outer_inputs)
 
     def is_parameter(self, node_name: str, index: int) -> bool:
         node = self.nodes[node_name]
         if index >= len(node.input):  # outer-scope values of a subgraph are data
             return False
-        return is_parameter_input(node.op_type, index, node.domain, self.opset if node.domain in ("", "ai.onnx") else None)
+        return is_parameter_input(node.op_type, index, node.domain, _default_domain_opset(node, self.opset))
+
+    def schema(self, node_name: str):
+        """The ONNX schema the node follows at the model's opset (None for unknown or custom operators)."""
+        node = self.nodes[node_name]
+        return op_schema(node.op_type, node.domain, _default_domain_opset(node, self.opset))
 
     def unknown(self, names) -> list[str]:
         known = set(self.names)
@@ -136,6 +151,11 @@ class Catalog:
 
 
 # ---- helpers -----------------------------------------------------------------------------------------------
+def _default_domain_opset(node: onnx.NodeProto, opset: int | None) -> int | None:
+    """The model's default-domain opset for a node of the default domain; None (latest schema) for others."""
+    return opset if node.domain in ("", "ai.onnx") else None
+
+
 def _load_model(path: Path) -> onnx.ModelProto:
     if not path.exists():
         raise UsageError(f"model file not found: {path}")
@@ -289,59 +309,26 @@ def _tensor_types(model: onnx.ModelProto, inferred: dict[str, onnx.ValueInfoProt
     return types
 
 
-def _has_subgraph(node: onnx.NodeProto) -> bool:
-    return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
-
-
-def _outer_scope_inputs(node: onnx.NodeProto) -> tuple[str, ...]:
-    """Names a node's subgraphs read from the enclosing scope (free variables), in first-use order."""
-    free: list[str] = []
-
-    def visit(graph: onnx.GraphProto, bound: set[str]) -> None:
-        bound = bound | {i.name for i in graph.input} | {i.name for i in graph.initializer}
-        for n in graph.node:
-            for t in n.input:
-                if t and t not in bound and t not in free:
-                    free.append(t)
-            for a in n.attribute:
-                for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-                    visit(g, bound)
-            bound |= set(n.output)
-        for o in graph.output:
-            if o.name not in bound and o.name not in free:
-                free.append(o.name)
-
-    for a in node.attribute:
-        for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-            visit(g, set())
-    return tuple(free)
-
-
 def _shape_computation_nodes(graph: onnx.GraphProto, opset: int | None) -> set[str]:
     """Nodes whose every output only feeds shape/index parameters (directly or through other such nodes)."""
-    consumers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
-    for node in graph.node:
-        for i, t in enumerate(node.input):
-            if t:
-                consumers.setdefault(t, []).append((node, i))
+    readers = consumers(graph.node)
     graph_outputs = {o.name for o in graph.output}
     shape_nodes: set[str] = set()
     for node in reversed(graph.node):
-        if not node.output or _has_subgraph(node):
+        if not node.output or has_subgraph(node):
             continue
         ok = True
         for out in node.output:
             if not out:
                 continue
-            uses = consumers.get(out, [])
+            uses = readers.get(out, [])
             if out in graph_outputs or not uses:
                 ok = False
                 break
             for consumer, idx in uses:
                 if consumer.name in shape_nodes:
                     continue
-                dom = consumer.domain
-                if not is_parameter_input(consumer.op_type, idx, dom, opset if dom in ("", "ai.onnx") else None):
+                if not is_parameter_input(consumer.op_type, idx, consumer.domain, _default_domain_opset(consumer, opset)):
                     ok = False
                     break
             if not ok:

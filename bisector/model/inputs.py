@@ -9,7 +9,7 @@ import hashlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 from onnx import helper
@@ -162,9 +162,19 @@ def save_inputs(path: Path, feeds_list: Sequence[Feeds]) -> None:
         write_bytes_atomic(path, inputs_to_json(feeds_list).encode())
 
 
-def inputs_digest(feeds_list: Sequence[Feeds]) -> str:
-    from bisector.backends.emulate.executor import feeds_digest
+def feeds_digest(feeds: Mapping[str, np.ndarray]) -> str:
+    """sha256 of one input set: names, dtypes, shapes and bytes."""
+    h = hashlib.sha256()
+    for name in sorted(feeds):
+        a = np.ascontiguousarray(feeds[name])
+        h.update(name.encode())
+        h.update(str(a.dtype).encode())
+        h.update(str(a.shape).encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
 
+
+def inputs_digest(feeds_list: Sequence[Feeds]) -> str:
     h = hashlib.sha256()
     for feeds in feeds_list:
         h.update(feeds_digest(feeds).encode())
