@@ -34,6 +34,10 @@ def round_activation(a: np.ndarray) -> np.ndarray:
 def weight_rule(a: np.ndarray) -> np.ndarray:
     """An FP32 weight as an FP16 layer holds it, returned as FP16."""
     a = np.asarray(a, dtype=np.float32)
+    with np.errstate(invalid="ignore"):
+        mag = np.abs(a)
+        if not ((mag > FP16_MAX).any() or ((mag < FP16_MIN_SUBNORMAL) & (mag > 0)).any()):
+            return a.astype(np.float16)  # nothing to clamp or lift (NaN compares False: kept as NaN)
     finite = np.isfinite(a)
     clamped = np.where(finite, np.clip(a, -FP16_MAX, FP16_MAX), a)
     tiny = finite & (clamped != 0) & (np.abs(clamped) < FP16_MIN_SUBNORMAL)

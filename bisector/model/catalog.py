@@ -127,7 +127,16 @@ class Catalog:
 
     def reads(self, name: str) -> list[tuple[str, int | None]]:
         """(tensor, explicit input index, None for an outer-scope value) for everything the node reads."""
-        return node_reads(self.nodes[name], self.outer_inputs.get(name, ()))
+        return self._reads[name]
+
+    @cached_property
+    def _reads(self) -> dict[str, list[tuple[str, int | None]]]:
+        return {n.name: node_reads(n, self.outer_inputs.get(n.name, ())) for n in self.model.graph.node}
+
+    @cached_property
+    def _parameter_slots(self) -> dict[str, frozenset[int]]:
+        return {n.name: frozenset(i for i in range(len(n.input)) if is_parameter_input(
+            n.op_type, i, n.domain, _default_domain_opset(n, self.opset))) for n in self.model.graph.node}
 
     @cached_property
     def consumers(self) -> dict[str, list[tuple[onnx.NodeProto, int | None]]]:
@@ -135,10 +144,8 @@ class Catalog:
         return consumers(self.model.graph.node, self.outer_inputs)
 
     def is_parameter(self, node_name: str, index: int) -> bool:
-        node = self.nodes[node_name]
-        if index >= len(node.input):  # outer-scope values of a subgraph are data
-            return False
-        return is_parameter_input(node.op_type, index, node.domain, _default_domain_opset(node, self.opset))
+        """Is explicit input `index` a shape, index, bound or scale (never data)? Outer-scope values are data."""
+        return index in self._parameter_slots[node_name]
 
     def schema(self, node_name: str):
         """The ONNX schema the node follows at the model's opset (None for unknown or custom operators)."""

@@ -27,7 +27,7 @@ from bisector.model.inputs import feeds_digest
 class EmulateBackend:
     name = "emulate"
 
-    def __init__(self, threads: int = 0, reference_cache_size: int = 8, block_size: int = 8):
+    def __init__(self, threads: int = 0, reference_cache_size: int = 8, block_size: int | None = None):
         self.block_size = block_size
         self.threads = threads
         self.reference_cache_size = reference_cache_size

@@ -45,9 +45,9 @@ Spec = tuple[tuple[Read, ...], tuple[bool, ...]]
 class NodeExecutor:
     """One ORT session per node of `catalog.model`, built lazily and kept for every later plan."""
 
-    def __init__(self, catalog: Catalog, threads: int = 0, block_size: int = 8):
+    def __init__(self, catalog: Catalog, threads: int = 0, block_size: int | None = None):
         self.catalog = catalog
-        self.blocks = _partition(catalog, block_size)
+        self.blocks = _partition(catalog, block_size or auto_block_size(len(catalog.names)))
         self._sessions: dict[tuple, ort.InferenceSession] = {}
         self._opts = ort.SessionOptions()
         # ALL enables the NCHWc layout kernels (Conv is several times faster with them). Spinning is off:
@@ -55,10 +55,16 @@ class NodeExecutor:
         self._opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         self._opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self._opts.log_severity_level = 3
+        if _shared_arena():
+            # Every session allocates from one process-wide arena instead of keeping its own: hundreds of block
+            # and node variants each holding an arena as large as their activations was most of a search's peak
+            # memory (conv net at 384x384: 2.65 GB -> 0.46 GB peak, same CPU time; docs/benchmarks.md).
+            self._opts.add_session_config_entry("session.use_env_allocators", "1")
         if threads:
             self._opts.intra_op_num_threads = threads
         self.weights: dict[str, np.ndarray] = weight_values(catalog.model.graph)
         self._converted: dict[str, np.ndarray] = {}
+        self._specs: dict[tuple, tuple] = {}
         self.sessions_built = 0
         self.build_seconds = 0.0  # time spent building sessions (a one-time cost per node variant and block)
 
@@ -102,7 +108,7 @@ class NodeExecutor:
                 continue
             values = Overlay(changed, reference)
             if fused and block.fusable:
-                specs = tuple(self.spec(n, points, values) for n in block.nodes)
+                specs = self._block_spec(block, points, values)
                 changed.update(zip(block.outputs, self._run_block(block, [values[t] for t in block.inputs], specs)))
                 continue
             # Node by node. With a boundary-only reference (fused mode) block-internal values are not stored, so
@@ -114,6 +120,17 @@ class NodeExecutor:
                 outs = self.run_node(node, [values[t] for t in inputs], *self.spec(node, points, values))
                 changed.update(zip(nonempty(node.output), outs))
         return changed
+
+    def _block_spec(self, block: "_Block", points: RoundingPoints, tensors: Mapping[str, np.ndarray]) -> tuple:
+        """The specs of a block's nodes, cached: they depend only on which of its nodes, and which producers of
+        its inputs, are FP16 (types and rules are fixed), so a large model pays a few set lookups per block."""
+        fp16 = points.fp16
+        key = (block.index, tuple(n.name in fp16 for n in block.nodes),
+               tuple(p in fp16 for p in block.input_producers))
+        specs = self._specs.get(key)
+        if specs is None:
+            specs = self._specs[key] = tuple(self.spec(n, points, tensors) for n in block.nodes)
+        return specs
 
     def spec(self, node: onnx.NodeProto, points: RoundingPoints | None, tensors: Mapping[str, np.ndarray]) -> Spec:
         """How `node` runs under `points` (None: all FP32). Block-internal tensors may be missing from a
@@ -238,6 +255,27 @@ class NodeExecutor:
             raise BackendFailure(f"ONNX Runtime failed to run block {block.index}: {exc}") from None
 
 
+_ARENA: list[bool] = []  # [registered?], once per process
+
+
+def _shared_arena() -> bool:
+    """Register ORT's process-wide CPU arena (once); False where this ORT build cannot."""
+    if not _ARENA:
+        try:
+            info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
+            ort.create_and_register_allocator(info, ort.OrtArenaCfg(0, -1, -1, -1))
+            _ARENA.append(True)
+        except Exception:  # noqa: BLE001 - an older ORT without env allocators: per-session arenas, as before
+            _ARENA.append(False)
+    return _ARENA[0]
+
+
+def auto_block_size(nodes: int) -> int:
+    """Nodes per fused block: 8, or enough for about 256 blocks in a large model (per-block Python and ORT-run
+    overhead is what an evaluation of a 20k-node model pays; 64-node blocks cost 2-3x less there than 8-node ones)."""
+    return max(8, -(-nodes // 256))
+
+
 class _Block:
     """Consecutive non-Constant nodes; inputs read from outside, outputs read outside (or graph outputs)."""
 
@@ -245,6 +283,7 @@ class _Block:
                  fusable: bool):
         self.index, self.nodes, self.inputs, self.outputs = index, nodes, inputs, outputs
         self.fusable = fusable
+        self.input_producers: list[str] = []  # producers of the block's inputs (none for graph inputs, weights)
 
 
 def _partition(catalog: Catalog, size: int) -> list[_Block]:
@@ -260,6 +299,7 @@ def _partition(catalog: Catalog, size: int) -> list[_Block]:
         outputs = [o for n in chunk for o in n.output
                    if o and (o in graph_outputs or readers.get(o, set()) - {ci})]
         blocks.append(_Block(ci, chunk, inputs, outputs, len(chunk) > 1 and not any(_unfusable(catalog, n) for n in chunk)))
+        blocks[-1].input_producers = [catalog.producers[t] for t in inputs if t in catalog.producers]
     return blocks
 
 
