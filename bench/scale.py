@@ -140,7 +140,7 @@ def transformer_model(layers: int = 48, d: int = 768, seq: int = 64, heads: int 
     nodes[-1].output[0] = "y"
     g = helper.make_graph(nodes, "transformer", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, seq, d])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, seq, d])], initializer=inits)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), []
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=9), []
 
 
 def save(model: onnx.ModelProto, path: Path, external: bool = False) -> Path:
@@ -257,6 +257,8 @@ def large(tmp: Path, layers: int, d: int, seq: int) -> None:
     print(f"model: {layers} layers, d={d}, seq={seq}: {n_nodes} nodes, {size:.2f} GiB on disk "
           f"(generated in {time.perf_counter() - t0:.0f} s)")
     plain = timed([sys.executable, "-c", PLAIN_INFERENCE, str(path)])
+    if plain["rc"]:
+        print("\n".join(plain["err"]), file=sys.stderr)
     print(f"one plain ORT FP32 inference: peak {plain['peak_mb']:.0f} MB, {plain['out'][-1] if plain['out'] else ''}")
     r = cli(path, tmp / "out", ["--no-plot"], ["--atol", "1e-1", "--rtol", "1e-1", "--val-range", "x:[-1,1]"])
     evals = next((line for line in r["out"] if "evaluations" in line), "")

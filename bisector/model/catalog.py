@@ -45,13 +45,16 @@ class Catalog:
     tensor_types: dict[str, int]
     weights: frozenset[str]
     outer_inputs: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    external_data: bool = False  # the file keeps its weights in external data files (loaded into `model` here)
 
     # ---- loading -------------------------------------------------------------------------------------------
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Catalog":
         path = Path(path)
-        model = _load_model(path)
-        return cls.from_model(model, path=path, sha256=_digest(path, model))
+        model, external = _load_model(path)
+        catalog = cls.from_model(model, path=path, sha256=_digest(path, model))
+        catalog.external_data = external
+        return catalog
 
     @classmethod
     def from_model(cls, model: onnx.ModelProto, path: Path | None = None, sha256: str | None = None) -> "Catalog":
@@ -163,7 +166,7 @@ def _default_domain_opset(node: onnx.NodeProto, opset: int | None) -> int | None
     return opset if node.domain in ("", "ai.onnx") else None
 
 
-def _load_model(path: Path) -> onnx.ModelProto:
+def _load_model(path: Path) -> tuple[onnx.ModelProto, bool]:
     if not path.exists():
         raise UsageError(f"model file not found: {path}")
     if path.is_dir():
@@ -182,11 +185,12 @@ def _load_model(path: Path) -> onnx.ModelProto:
             uses_external_data,
         )
 
-        if any(uses_external_data(t) for t in model.graph.initializer):
+        external = any(uses_external_data(t) for t in model.graph.initializer)
+        if external:
             load_external_data_for_model(model, str(path.parent))
     except Exception as exc:
         raise UsageError(f"{path}: cannot load its external data files ({exc})") from None
-    return model
+    return model, external
 
 
 def _digest(path: Path, model: onnx.ModelProto) -> str:
@@ -227,21 +231,20 @@ def _assign_unique_names(graph: onnx.GraphProto) -> list[str]:
 
 def _light_copy(model: onnx.ModelProto) -> onnx.ModelProto:
     """The model without value_info and without the bytes of large initializers (dims and types kept), so that
-    shape inference neither trusts stale value_info nor has to serialise a model beyond 2 GB."""
+    shape inference neither trusts stale value_info nor copies and serialises the weights (a model of 1 GB of
+    weights would otherwise cost several GB of peak memory here, and one beyond 2 GB cannot be serialised)."""
     light = onnx.ModelProto()
-    initializers = list(model.graph.initializer)
-    light.CopyFrom(model) if model.ByteSize() <= PROTOBUF_LIMIT else _copy_all_but_initializers(model, light)
+    _copy_all_but_initializers(model, light)
     del light.graph.value_info[:]
-    if model.ByteSize() > PROTOBUF_LIMIT:
-        for init in initializers:
-            stub = light.graph.initializer.add()
-            if init.ByteSize() > 4096:
-                stub.name, stub.data_type = init.name, init.data_type
-                stub.dims.extend(init.dims)
-                stub.data_location = TensorProto.EXTERNAL
-                stub.external_data.add(key="location", value="__not_loaded__")
-            else:
-                stub.CopyFrom(init)
+    for init in model.graph.initializer:
+        stub = light.graph.initializer.add()
+        if init.ByteSize() > 4096:
+            stub.name, stub.data_type = init.name, init.data_type
+            stub.dims.extend(init.dims)
+            stub.data_location = TensorProto.EXTERNAL
+            stub.external_data.add(key="location", value="__not_loaded__")
+        else:
+            stub.CopyFrom(init)
     return light
 
 

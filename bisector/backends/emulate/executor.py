@@ -27,6 +27,7 @@ from bisector.fp16 import rules
 from bisector.fp16.casts import raw_name, round_trip, rounded_name
 from bisector.fp16.points import Read, RoundingPoints
 from bisector.model.catalog import Catalog
+from bisector.model.golden import spill
 from bisector.model.graph import has_subgraph, nonempty, weight_values
 
 # Tensors of these ONNX element types are what FP16 storage changes.
@@ -49,24 +50,29 @@ class NodeExecutor:
         self.catalog = catalog
         self.blocks = _partition(catalog, block_size or auto_block_size(len(catalog.names)))
         self._sessions: dict[tuple, ort.InferenceSession] = {}
-        self._opts = ort.SessionOptions()
-        # ALL enables the NCHWc layout kernels (Conv is several times faster with them). Spinning is off:
-        # hundreds of per-node sessions each keep a thread pool, and spinning pools starve each other.
-        self._opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        self._opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self._opts.log_severity_level = 3
-        if _shared_arena():
-            # Every session allocates from one process-wide arena instead of keeping its own: hundreds of block
-            # and node variants each holding an arena as large as their activations was most of a search's peak
-            # memory (conv net at 384x384: 2.65 GB -> 0.46 GB peak, same CPU time; docs/benchmarks.md).
-            self._opts.add_session_config_entry("session.use_env_allocators", "1")
-        if threads:
-            self._opts.intra_op_num_threads = threads
+        self._threads = threads
+        self._opts = self._options()
         self.weights: dict[str, np.ndarray] = weight_values(catalog.model.graph)
         self._converted: dict[str, np.ndarray] = {}
         self._specs: dict[tuple, tuple] = {}
         self.sessions_built = 0
         self.build_seconds = 0.0  # time spent building sessions (a one-time cost per node variant and block)
+
+    def _options(self) -> ort.SessionOptions:
+        opts = ort.SessionOptions()
+        # ALL enables the NCHWc layout kernels (Conv is several times faster with them). Spinning is off:
+        # hundreds of per-node sessions each keep a thread pool, and spinning pools starve each other.
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        opts.log_severity_level = 3
+        if _shared_arena():
+            # Every session allocates from one process-wide arena instead of keeping its own: hundreds of block
+            # and node variants each holding an arena as large as their activations was most of a search's peak
+            # memory (conv net at 384x384: 2.65 GB -> 0.46 GB peak, same CPU time; docs/benchmarks.md).
+            opts.add_session_config_entry("session.use_env_allocators", "1")
+        if self._threads:
+            opts.intra_op_num_threads = self._threads
+        return opts
 
     def converted(self, weight: str) -> np.ndarray:
         """A weight as an FP16 reader holds it (`rules.round_weight`), computed once."""
@@ -80,17 +86,20 @@ class NodeExecutor:
         """Every tensor of the model computed in FP32 (weights and graph inputs included).
 
         `boundary_only`: just the tensors that cross block boundaries (and graph outputs), computed with the
-        fused all-FP32 block sessions — all that fused plan evaluation reads, at about one inference's cost."""
+        fused all-FP32 block sessions — all that fused plan evaluation reads, at about one inference's cost.
+        Arrays beyond BISECTOR_ARRAY_SWAP_THRESHOLD_MB are kept in memory-mapped files (`golden.spill`): a
+        search then holds the reference on disk, read back page by page where an evaluation needs it."""
         env: dict[str, np.ndarray] = dict(self.weights)
         env.update({k: np.asarray(v) for k, v in feeds.items()})
         for block in self.blocks:
             if boundary_only and block.fusable:
                 specs = tuple(self.spec(n, None, env) for n in block.nodes)
-                env.update(zip(block.outputs, self._run_block(block, [env[t] for t in block.inputs], specs)))
+                outs = self._run_block(block, [env[t] for t in block.inputs], specs)
+                env.update(zip(block.outputs, map(spill, outs)))
                 continue
             for node in block.nodes:
                 outs = self.run_node(node, [env[t] for t in self.catalog.node_inputs(node.name)])
-                env.update(zip(nonempty(node.output), outs))
+                env.update(zip(nonempty(node.output), map(spill, outs)))
         return env
 
     def run_changed(self, reference: Mapping[str, np.ndarray], points: RoundingPoints,
@@ -211,20 +220,38 @@ class NodeExecutor:
 
     def _session(self, nodes, what: str, inputs: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
                  outputs: list[str]) -> ort.InferenceSession:
+        """One ORT session. Numeric weights are not copied into it: the graph names them as external data and
+        the session reads this executor's arrays in place (`add_external_initializers`), so every block and node
+        variant shares one copy of each weight (exact or converted) instead of holding its own."""
         model = self.catalog.model
+        opts, shared, initializers = self._opts, [], []
+        for t, v in weights.items():
+            v = np.asarray(v)
+            if v.dtype in _NP_TO_ONNX and v.nbytes >= _SHARE_BYTES and v.flags.c_contiguous:
+                stub = onnx.TensorProto(name=t, data_type=_NP_TO_ONNX[v.dtype], dims=v.shape,
+                                        data_location=onnx.TensorProto.EXTERNAL)
+                stub.external_data.add(key="location", value="bisector-in-memory")
+                initializers.append(stub)
+                shared.append((t, ort.OrtValue.ortvalue_from_numpy(v)))
+            else:
+                initializers.append(onnx.numpy_helper.from_array(v, t))
+        if shared:
+            opts = self._options()
+            opts.add_external_initializers([t for t, _ in shared], [o for _, o in shared])
         graph = helper.make_graph(
             nodes,
             "bisector_part",
             [helper.make_tensor_value_info(t, _NP_TO_ONNX[np.dtype(v.dtype)], None) for t, v in inputs.items()],
             [onnx.ValueInfoProto(name=o) for o in outputs],
-            initializer=[onnx.numpy_helper.from_array(np.asarray(v), t) for t, v in weights.items()],
+            initializer=initializers,
         )
         part = helper.make_model(graph, opset_imports=_with_default_opset(model), ir_version=min(model.ir_version, 10))
         t0 = time.perf_counter()
         try:
-            sess = ort.InferenceSession(part.SerializeToString(), self._opts, providers=["CPUExecutionProvider"])
+            sess = ort.InferenceSession(part.SerializeToString(), opts, providers=["CPUExecutionProvider"])
         except Exception as exc:
             raise BackendFailure(f"ONNX Runtime cannot build {what} on its own: {exc}") from None
+        sess._bisector_shared = shared  # type: ignore[attr-defined]  # the arrays must outlive the session
         self.sessions_built += 1
         self.build_seconds += time.perf_counter() - t0
         return sess
@@ -255,6 +282,7 @@ class NodeExecutor:
             raise BackendFailure(f"ONNX Runtime failed to run block {block.index}: {exc}") from None
 
 
+_SHARE_BYTES = 4096  # weights from this size up are shared with sessions, not copied into each
 _ARENA: list[bool] = []  # [registered?], once per process
 
 
