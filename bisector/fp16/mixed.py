@@ -22,7 +22,7 @@ from bisector.fp16.casts import FLOAT, FLOAT16, cast, fp16_name, raw_name, round
 from bisector.fp16.plan import Plan
 from bisector.fp16.points import Read, RoundingPoints, rounding_points
 from bisector.model.catalog import Catalog
-from bisector.model.graph import constant_value, graph_reads, rename_free, subgraphs
+from bisector.model.graph import constant_value, copy_without_initializers, graph_reads, rename_free, subgraphs
 
 _ANY_TYPE_READERS = frozenset({"Shape", "Size", "Cast", "CastLike"})
 
@@ -34,8 +34,7 @@ def build_mixed_model(catalog: Catalog, plan: Plan | frozenset[str]) -> onnx.Mod
     points = rounding_points(catalog, plan)
     fp16_nodes = points.fp16
     src = catalog.model
-    model = onnx.ModelProto()
-    model.CopyFrom(src)
+    model = copy_without_initializers(src)  # weights are added at the end: only those still read
     graph = model.graph
     del graph.node[:]
     del graph.value_info[:]  # stale after retyping; consumers re-infer
@@ -106,8 +105,7 @@ def build_mixed_model(catalog: Catalog, plan: Plan | frozenset[str]) -> onnx.Mod
                 emitted.append(cast(fp16_name(t), t, FLOAT))
         graph.node.extend(emitted)
 
-    graph.initializer.extend(new_inits)
-    _drop_unused(model)
+    _add_used_initializers(model, list(src.graph.initializer) + new_inits)
     return model
 
 
@@ -163,13 +161,12 @@ def _round_outer_reads(node: onnx.NodeProto, fp16_of: dict[str, str]) -> None:
         g.node.extend(nodes)
 
 
-def _drop_unused(model: onnx.ModelProto) -> None:
-    """Remove initializers and Constant nodes nobody reads any more (weights now only read as FP16)."""
+def _add_used_initializers(model: onnx.ModelProto, initializers: list[onnx.TensorProto]) -> None:
+    """Add the initializers something still reads, and drop Constant nodes nobody reads any more (weights now
+    only read as FP16)."""
     graph = model.graph
     used = graph_reads(graph)  # subgraphs included: a branch may read an outer initializer
-    keep = [i for i in graph.initializer if i.name in used]
-    del graph.initializer[:]
-    graph.initializer.extend(keep)
+    graph.initializer.extend(i for i in initializers if i.name in used)
     nodes = [n for n in graph.node if not (n.op_type == "Constant" and n.output[0] not in used)]
     del graph.node[:]
     graph.node.extend(nodes)

@@ -17,7 +17,7 @@ import onnx
 from onnx import TensorProto
 
 from bisector.errors import UsageError
-from bisector.model.graph import consumers, has_subgraph, node_reads, outer_scope_inputs
+from bisector.model.graph import consumers, copy_without_initializers, has_subgraph, node_reads, outer_scope_inputs
 from bisector.model.optable import (
     NEVER_CANDIDATES,
     is_parameter_input,
@@ -233,8 +233,7 @@ def _light_copy(model: onnx.ModelProto) -> onnx.ModelProto:
     """The model without value_info and without the bytes of large initializers (dims and types kept), so that
     shape inference neither trusts stale value_info nor copies and serialises the weights (a model of 1 GB of
     weights would otherwise cost several GB of peak memory here, and one beyond 2 GB cannot be serialised)."""
-    light = onnx.ModelProto()
-    _copy_all_but_initializers(model, light)
+    light = copy_without_initializers(model)
     del light.graph.value_info[:]
     for init in model.graph.initializer:
         stub = light.graph.initializer.add()
@@ -246,16 +245,6 @@ def _light_copy(model: onnx.ModelProto) -> onnx.ModelProto:
         else:
             stub.CopyFrom(init)
     return light
-
-
-def _copy_all_but_initializers(model: onnx.ModelProto, into: onnx.ModelProto) -> None:
-    graph = model.graph
-    saved = list(graph.initializer)
-    del graph.initializer[:]  # swapped out for the copy, put back right after
-    try:
-        into.CopyFrom(model)
-    finally:
-        graph.initializer.extend(saved)
 
 
 def _infer_types(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:

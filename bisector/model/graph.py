@@ -135,5 +135,18 @@ def weight_values(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
     return values
 
 
+def copy_without_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of `model` with an empty initializer list (the weights are neither copied nor serialised)."""
+    graph = model.graph
+    saved = list(graph.initializer)
+    del graph.initializer[:]  # swapped out for the copy, put back right after
+    try:
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+    finally:
+        graph.initializer.extend(saved)
+    return copy
+
+
 def nonempty(names) -> list[str]:
     return [n for n in names if n]

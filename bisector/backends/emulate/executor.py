@@ -220,9 +220,10 @@ class NodeExecutor:
 
     def _session(self, nodes, what: str, inputs: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
                  outputs: list[str]) -> ort.InferenceSession:
-        """One ORT session. Numeric weights are not copied into it: the graph names them as external data and
-        the session reads this executor's arrays in place (`add_external_initializers`), so every block and node
-        variant shares one copy of each weight (exact or converted) instead of holding its own."""
+        """One ORT session. Numeric weights are not serialised into it: the graph names them as external data
+        and ORT takes this executor's arrays (`add_external_initializers`). ORT 1.2x still keeps its own copy per
+        session (measured: 51 MB for a 64 MB weight, 67 MB with MatMul prepacking), but the protobuf copy and
+        the serialised model of the embedded form are gone (153 MB per session embedded)."""
         model = self.catalog.model
         opts, shared, initializers = self._opts, [], []
         for t, v in weights.items():
@@ -282,7 +283,7 @@ class NodeExecutor:
             raise BackendFailure(f"ONNX Runtime failed to run block {block.index}: {exc}") from None
 
 
-_SHARE_BYTES = 4096  # weights from this size up are shared with sessions, not copied into each
+_SHARE_BYTES = 4096  # weights from this size up are handed to sessions as arrays, not serialised into them
 _ARENA: list[bool] = []  # [registered?], once per process
 
 
