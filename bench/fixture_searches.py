@@ -21,15 +21,10 @@ STRATEGIES = ["auto", "greedy", "ddmin", "bisect", "linear"]
 
 def search(model: Path, args: list[str], strategy: str, scores: dict | None = None) -> dict:
     from bisector.search.driver import run_search
-    from bisector.app.job import JobOptions, build_job
+    from bisector.app.job import open_job
+    from bisector.app.options import options_from_flags
 
-    opts = JobOptions(model=model, cache_dir=None, no_cache=True)
-    it = iter(args)
-    for flag in it:
-        value = next(it)
-        {"--val-range": opts.val_range, "--atol": opts.atol, "--rtol": opts.rtol, "--input-shapes": opts.input_shapes,
-         "--check-error-stat": opts.check_error_stat}[flag].append(value)
-    job = build_job(opts)
+    job = open_job(model, no_cache=True, **options_from_flags(args))
     oracle = job.oracle()
     t0 = time.perf_counter()
     result = run_search(oracle, strategy, hints={"scores": scores} if scores else None)
@@ -41,15 +36,10 @@ def search(model: Path, args: list[str], strategy: str, scores: dict | None = No
 
 def profile_scores(model: Path, args: list[str]) -> tuple[dict, float]:
     from bisector.sensitivity import compute_scores
-    from bisector.app.job import JobOptions, build_job
+    from bisector.app.job import open_job
+    from bisector.app.options import options_from_flags
 
-    opts = JobOptions(model=model, no_cache=True)
-    it = iter(args)
-    for flag in it:
-        value = next(it)
-        {"--val-range": opts.val_range, "--atol": opts.atol, "--rtol": opts.rtol,
-         "--input-shapes": opts.input_shapes}[flag].append(value)
-    job = build_job(opts)
+    job = open_job(model, no_cache=True, **options_from_flags(args))
     t0 = time.perf_counter()
     nodes = compute_scores(job.catalog, job.backend, job.feeds_list, job.tolerance)
     seconds = time.perf_counter() - t0

@@ -31,8 +31,7 @@ from bisector.model.catalog import Catalog  # noqa: E402
 from bisector.model.inputs import generate_inputs  # noqa: E402
 from bisector.fp16.plan import Plan  # noqa: E402
 from bisector.sensitivity import compute_scores  # noqa: E402
-from bisector.app.job import JobOptions, parse_tolerance_options  # noqa: E402
-from bisector.values import parse_input_shapes, parse_val_range  # noqa: E402
+from bisector.app.options import Inputs, Tolerances  # noqa: E402
 
 
 def _flags(args: list[str]) -> dict[str, list[str]]:
@@ -76,11 +75,11 @@ def main(argv: list[str]) -> None:
         generate.H = generate.W = int(size[0])
         model = Path(tempfile.mkdtemp()) / f"planted_{size[0]}.onnx"
         onnx.save(generate.planted_model()[0], model)
-    opts = JobOptions(model=model, val_range=f.get("--val-range", []), input_shapes=f.get("--input-shapes", []),
-                      atol=f.get("--atol", []), rtol=f.get("--rtol", []), check_error_stat=f.get("--check-error-stat", []))
-    tol = parse_tolerance_options(opts)
+    inputs = Inputs(val_range=f.get("--val-range", []), input_shapes=f.get("--input-shapes", []))
+    tol = Tolerances(atol=f.get("--atol", []), rtol=f.get("--rtol", []),
+                     check_error_stat=f.get("--check-error-stat", [])).tolerance()
     catalog = Catalog.load(model)
-    feeds_list = generate_inputs(catalog, parse_val_range(opts.val_range), parse_input_shapes(opts.input_shapes))
+    feeds_list = generate_inputs(catalog, inputs.val_range, inputs.input_shapes)
     feeds = feeds_list[0]
 
     so = ort.SessionOptions()

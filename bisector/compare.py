@@ -23,10 +23,11 @@ class Tolerance:
     rtol: PerOutput[float] = field(default_factory=lambda: PerOutput(1e-5))
     stat: PerOutput[str] = field(default_factory=lambda: PerOutput("elemwise"))
     quantile: float = 0.99
+    margin: float = 1.0  # headroom: an output passes only if its excess (error / tolerance) is at most this
 
     def describe(self) -> dict:
         return {"atol": self.atol.as_dict(), "rtol": self.rtol.as_dict(), "check_error_stat": self.stat.as_dict(),
-                "error_quantile": self.quantile}
+                "error_quantile": self.quantile, "margin": self.margin}
 
 
 def summary(a: np.ndarray) -> dict[str, float]:
@@ -52,6 +53,8 @@ class OutputComparison:
     mismatches: int = 0  # elemwise failing elements
     size: int = 0
     reason: str = ""
+    excess: float = 0.0  # error in units of the tolerance: the smallest scale of (atol, rtol) that passes; > 1 fails
+    margin: float = 1.0
     absdiff: np.ndarray | None = field(default=None, repr=False)
 
     def to_json(self) -> dict:
@@ -59,7 +62,8 @@ class OutputComparison:
             "passed": self.passed, "stat": self.stat, "atol": self.atol, "rtol": self.rtol,
             "required_tolerance": {"abs": self.required_abs, "rel": self.required_rel},
             "actual": self.actual, "golden": self.golden, "abs": self.abs, "rel": self.rel,
-            "mismatches": self.mismatches, "size": self.size, **({"reason": self.reason} if self.reason else {}),
+            "mismatches": self.mismatches, "size": self.size, "excess": _finite_or_none(self.excess),
+            "margin": self.margin, **({"reason": self.reason} if self.reason else {}),
         }
 
     @classmethod
@@ -67,23 +71,29 @@ class OutputComparison:
         req = d.get("required_tolerance", {})
         return cls(name, bool(d["passed"]), d["stat"], float(d["atol"]), float(d["rtol"]), float(req.get("abs", "nan")),
                    float(req.get("rel", "nan")), d.get("abs", {}), d.get("rel", {}), d.get("actual", {}),
-                   d.get("golden", {}), int(d.get("mismatches", 0)), int(d.get("size", 0)), d.get("reason", ""))
+                   d.get("golden", {}), int(d.get("mismatches", 0)), int(d.get("size", 0)), d.get("reason", ""),
+                   float("inf") if d.get("excess") is None else float(d["excess"]), float(d.get("margin", 1.0)))
 
-    @property
-    def excess(self) -> float:
-        """How far beyond tolerance (>1 fails): used to pick the worst input set."""
-        ra = self.required_abs / self.atol if self.atol > 0 else (np.inf if self.required_abs > 0 else 0.0)
-        rr = self.required_rel / self.rtol if self.rtol > 0 else (np.inf if self.required_rel > 0 else 0.0)
-        value = min(ra, rr)
-        return float("inf") if np.isnan(value) else float(value)
+
+def _finite_or_none(x: float) -> float | None:
+    return float(x) if np.isfinite(x) else None
+
+
+def _ratio(value, tol: float):
+    """value / tol, where a zero tolerance makes any nonzero value infinitely far and 0/0 no excess at all."""
+    with np.errstate(all="ignore"):
+        if tol > 0:
+            return np.asarray(value, dtype=np.float64) / tol
+        return np.where(np.asarray(value) > 0, np.inf, 0.0)
 
 
 def compare_output(name: str, actual: np.ndarray, golden: np.ndarray, tol: Tolerance, keep_diff: bool = False) -> OutputComparison:
-    stat, atol, rtol = tol.stat.get(name), tol.atol.get(name), tol.rtol.get(name)
+    stat, atol, rtol, m = tol.stat.get(name), tol.atol.get(name), tol.rtol.get(name), tol.margin
     if actual.shape != golden.shape:
         nan = float("nan")
         return OutputComparison(name, False, stat, atol, rtol, nan, nan, {}, {}, summary(_up(actual)), summary(_up(golden)),
-                                reason=f"shape {list(actual.shape)} != golden {list(golden.shape)}")
+                                reason=f"shape {list(actual.shape)} != golden {list(golden.shape)}",
+                                excess=float("inf"), margin=m)
     if actual.dtype == np.bool_ and golden.dtype == np.bool_:
         absdiff = np.logical_xor(actual, golden).astype(np.float32)
         g = golden.astype(np.float32)
@@ -96,19 +106,27 @@ def compare_output(name: str, actual: np.ndarray, golden: np.ndarray, tol: Toler
         reldiff = absdiff / np.abs(g_eps)
     abs_s, rel_s = summary(absdiff), summary(reldiff)
     mismatches = 0
+    # The margin scales both tolerances; at margin 1 these are Polygraphy's checks exactly.
     if stat == "elemwise":
-        bad = ((absdiff > atol) | np.isnan(absdiff)) & ((reldiff > rtol) | np.isnan(reldiff))
+        bad = ((absdiff > atol * m) | np.isnan(absdiff)) & ((reldiff > rtol * m) | np.isnan(reldiff))
         mismatches = int(np.count_nonzero(bad))
         passed = mismatches == 0
         req_abs, req_rel = abs_s["max"], rel_s["max"]
+        # An element passes at scale s iff absdiff <= s*atol or reldiff <= s*rtol: the excess is the largest, over
+        # elements, of the smaller of the two ratios (NaN: infinitely far).
+        per_element = np.minimum(_ratio(absdiff, atol), _ratio(reldiff, rtol)) if absdiff.size else np.zeros(0)
+        excess = float(np.max(np.where(np.isnan(per_element), np.inf, per_element))) if per_element.size else 0.0
     else:
         req_abs, req_rel = _statistic(absdiff, stat, tol.quantile), _statistic(reldiff, stat, tol.quantile)
-        passed = not (_exceeds(req_abs, atol) and _exceeds(req_rel, rtol))
+        passed = not (_exceeds(req_abs, atol * m) and _exceeds(req_rel, rtol * m))
+        excess = float(min(_ratio(req_abs, atol), _ratio(req_rel, rtol)))
+        excess = float("inf") if np.isnan(excess) else excess
     if absdiff.size and np.isnan(absdiff).any():
         req_abs, req_rel = float("nan"), float("nan")  # no finite tolerance passes a NaN/inf-vs-finite mismatch
     return OutputComparison(
         name, bool(passed), stat, atol, rtol, float(req_abs), float(req_rel), abs_s, rel_s,
-        summary(_up(actual)), summary(g), mismatches, int(absdiff.size), absdiff=absdiff if keep_diff else None,
+        summary(_up(actual)), summary(g), mismatches, int(absdiff.size), excess=excess, margin=m,
+        absdiff=absdiff if keep_diff else None,
     )
 
 
@@ -152,3 +170,35 @@ def histogram(values: np.ndarray, bins: int = 10, width: int = 40) -> str:
         label = f"({lo:.3g}, {hi:.3g})"
         lines.append(f"        {label:<20} | {int(c):10d} | {'#' * int(round(width * c / peak))}")
     return "\n".join(lines)
+
+
+# ---- Polygraphy's other comparison options (`run --compare-func indices`, `--validate`) -------------------------
+def indices_match(actual: np.ndarray, golden: np.ndarray, index_tolerance: int = 0) -> tuple[bool, str]:
+    """Polygraphy's IndicesCompareFunc: outputs hold indices (e.g. Top-K); along the last axis each value of
+    `actual` must sit within `index_tolerance` positions of where `golden` has it (the final `index_tolerance`
+    values of each row are not checked). Returns (passed, reason)."""
+    if actual.shape != golden.shape:
+        return False, f"shape {list(actual.shape)} != golden {list(golden.shape)}"
+    if actual.ndim == 0:
+        return bool(actual == golden), "" if actual == golden else "value differs"
+    for batch in np.ndindex(actual.shape[:-1]):
+        row, ref = actual[batch], golden[batch]
+        if index_tolerance > 0:
+            row = row[:-index_tolerance]
+        for i, v in enumerate(row):
+            if v == ref[i]:
+                continue
+            where = np.flatnonzero(ref == v)
+            if where.size < 1:
+                return False, f"value {v} at {batch + (i,)} not found in golden"
+            if abs(int(where[0]) - i) > index_tolerance:
+                return False, f"value {v} at {batch + (i,)} is {abs(int(where[0]) - i)} places from golden " \
+                              f"(index tolerance {index_tolerance})"
+    return True, ""
+
+
+def non_finite(a: np.ndarray) -> tuple[int, int]:
+    """(NaN count, Inf count) of a float array; (0, 0) for other dtypes (Polygraphy's --validate)."""
+    if not np.issubdtype(np.asarray(a).dtype, np.floating):
+        return 0, 0
+    return int(np.isnan(a).sum()), int(np.isinf(a).sum())

@@ -28,7 +28,7 @@ def _load(tmp_path, monkeypatch, trt, fp32):
     from polygraphy import mod as polygraphy_mod
 
     path = tmp_path / "add_constraints.py"
-    path.write_text(render_add_constraints(fp32, "my model.onnx"))
+    path.write_text(render_add_constraints(fp32, "my model.onnx", ["add", "mul", "relu"]))
     monkeypatch.setitem(sys.modules, "tensorrt", trt)
     return polygraphy_mod.import_from_script(str(path), "postprocess")  # Polygraphy's default callable name
 
@@ -62,7 +62,7 @@ def test_refuses_on_tensorrt_11_pointing_at_the_mixed_model(tmp_path, monkeypatc
 
 def test_names_are_a_literal_list_never_code():
     nasty = ["a'b", 'c"""d', "e\nf", "__import__('os').system('x')", "g:h,i"]
-    text = render_add_constraints(nasty, 'm"""odel')
+    text = render_add_constraints(nasty, 'm"""odel', nasty)
     tree = ast.parse(text)
     assign = next(n for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == "FP32_NODES")
     assert ast.literal_eval(assign.value) == sorted(nasty)

@@ -32,14 +32,11 @@ def test_constructs_reproduce_committed_fixtures(tmp_path):
 def test_planted_set_is_the_unique_minimal_answer(tmp_path):
     """Under planted.json's flags: the planted set passes, and removing any planted node from *all-FP32* fails,
     so (for a monotone oracle) every passing set contains the planted set: it is the unique minimal answer."""
-    from bisector.app.job import JobOptions, build_job
+    from bisector.app.job import open_job
+    from bisector.app.options import options_from_flags
 
     spec = planted_spec()
-    opts = JobOptions(model=PLANTED, no_cache=True)
-    args = iter(spec["args"])
-    for flag in args:
-        {"--val-range": opts.val_range, "--atol": opts.atol, "--rtol": opts.rtol}[flag].append(next(args))
-    job = build_job(opts)
+    job = open_job(PLANTED, no_cache=True, **options_from_flags(spec["args"]))
     oracle = job.oracle()
     planted = frozenset(spec["fp32_nodes"])
     everything = frozenset(job.catalog.candidates)

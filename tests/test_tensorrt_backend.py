@@ -15,12 +15,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from bisector.backends.tensorrt import (
-    TensorRTBackend,
-    TensorRTRTXBackend,
-    map_nodes_to_layers,
-    plan_hash,
-)
+from bisector.backends.tensorrt import TensorRTBackend, TensorRTRTXBackend, plan_hash
+from bisector.backends.trt_layers import match_layers
 from bisector.model.catalog import Catalog
 from bisector.errors import AccuracyFailure, BackendFailure, BuildFailure, UsageError
 from bisector.fp16.plan import Plan
@@ -185,7 +181,7 @@ def test_mapping_rules():
               L("Conv_1"),  # a real node named Conv_1 (exact name beats suffix)
               L("inner_add", "[ONNX Layer: inner_add]")]
     net = types.SimpleNamespace(num_layers=len(layers), get_layer=lambda i: layers[i])
-    got = map_nodes_to_layers(net, ["Conv", "Conv_1", "Shape", "Shape_1", "If"], {"inner_add": "If"})
+    got = match_layers(net, ["Conv", "Conv_1", "Shape", "Shape_1", "If"], {"inner_add": "If"})
     assert got == {"Conv": [0, 1, 2, 3], "Shape_1": [4], "Conv_1": [5], "If": [6]}
 
 

@@ -1,6 +1,6 @@
-"""Assembles one job from parsed options: catalog, inputs, golden, backend (canary checked) and oracle.
+"""One job: catalog, inputs, golden, backend (canary checked), and the oracle and judge over them.
 
-The CLI only parses flags into `JobOptions`; every command builds its pieces here, in the order of DESIGN §2.
+Every API function builds its pieces here from the typed option groups, in the order of DESIGN §2.
 """
 
 from __future__ import annotations
@@ -20,41 +20,18 @@ from bisector.compare import Tolerance
 from bisector.errors import UsageError
 from bisector.model.golden import Golden, default_cache_dir, get_golden
 from bisector.model.inputs import generate_inputs, inputs_digest, load_inputs, save_inputs
-from bisector.search.oracle import Budget, Oracle
+from bisector.budget import Budget
+from bisector.search.oracle import Oracle
+from bisector.search.judge import Judged, Verdict, judge
+from bisector.fp16.plan import Plan
 from bisector.model.polyjson import Feeds
-from bisector.values import (
-    parse_error_stat,
-    parse_input_shapes,
-    parse_tolerance,
-    parse_val_range,
-)
+from bisector.app.options import BackendChoice, Cache, Inputs, Tolerances
 
 log = logging.getLogger("bisector")
 
 
 @dataclass
-class JobOptions:
-    model: Path
-    val_range: list[str] = field(default_factory=list)
-    input_shapes: list[str] = field(default_factory=list)
-    seed: int = 1
-    iterations: int = 1
-    load_inputs: list[Path] = field(default_factory=list)
-    save_inputs: Path | None = None
-    load_outputs: Path | None = None
-    atol: list[str] = field(default_factory=list)
-    rtol: list[str] = field(default_factory=list)
-    check_error_stat: list[str] = field(default_factory=list)
-    error_quantile: float = 0.99
-    backend: str = "emulate"
-    backend_options: dict[str, Any] = field(default_factory=dict)
-    cache_dir: Path | None = None
-    no_cache: bool = False
-
-
-@dataclass
 class Job:
-    options: JobOptions
     catalog: Catalog
     feeds_list: list[Feeds]
     golden: Golden
@@ -83,58 +60,85 @@ class Job:
         return Oracle(self.backend, self.catalog.candidates, self.feeds_list, self.golden.outputs, self.tolerance,
                       journal=journal, budget=budget, on_verdict=on_verdict)
 
+    def plan(self, fp32) -> Plan:
+        """A plan keeping `fp32` (node names; pinned ones are FP32 anyway) in FP32. Unknown names: UsageError."""
+        wanted = list(fp32)
+        unknown = self.catalog.unknown(wanted)
+        if unknown:
+            raise UsageError(f"node(s) not in the model: {unknown}")
+        return Plan(frozenset(n for n in wanted if n in self.catalog.candidates), self.catalog.candidates)
+
+    def judge(self, plan: Plan, **kw) -> Verdict | Judged:
+        return judge(self.backend, plan, self.feeds_list, self.golden.outputs, self.tolerance, **kw)
+
     def close(self) -> None:
         self.backend.close()
 
+    def __enter__(self) -> "Job":
+        return self
 
-def parse_tolerance_options(o: JobOptions) -> Tolerance:
-    if not 0.0 <= o.error_quantile <= 1.0:
-        raise UsageError(f"--error-quantile {o.error_quantile}: must lie in [0, 1]")
-    return Tolerance(
-        atol=parse_tolerance(o.atol, 1e-5, "--atol"),
-        rtol=parse_tolerance(o.rtol, 1e-5, "--rtol"),
-        stat=parse_error_stat(o.check_error_stat),
-        quantile=o.error_quantile,
-    )
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
-def build_job(o: JobOptions, canary: bool = True) -> Job:
-    # Parse every flag before any expensive work, so a typo costs nothing.
-    tolerance = parse_tolerance_options(o)
-    ranges = parse_val_range(o.val_range)
-    shapes = parse_input_shapes(o.input_shapes)
-    if o.iterations < 1:
-        raise UsageError(f"--iterations {o.iterations}: must be at least 1")
-    make_backend = backend_factory(o.backend, **o.backend_options)
-    catalog = Catalog.load(o.model)
+def build_job(model: Path, inputs: Inputs, tolerances: Tolerances, backend: BackendChoice, cache: Cache,
+              canary: bool = True, **backend_extra: Any) -> Job:
+    """Catalog, inputs, golden, backend (canary checked): in the order of DESIGN §2, every option already typed
+    and checked by its group, so a typo costs nothing."""
+    tolerance = tolerances.tolerance()
+    make_backend = backend_factory(backend.backend, **backend.backend_options(inputs.input_shapes, **backend_extra))
+    catalog = Catalog.load(model)
     for flag, per in (("--atol", tolerance.atol), ("--rtol", tolerance.rtol), ("--check-error-stat", tolerance.stat)):
         unknown = sorted(set(per.per_output) - set(catalog.names) - set(catalog.output_names) - _all_tensors(catalog))
         if unknown:
             raise UsageError(f"{flag} names unknown output(s) {unknown}; the model's outputs are {catalog.output_names}")
 
-    if o.load_inputs:
-        if ranges or shapes:
-            log.warning("--load-inputs given: --val-range/--input-shapes are ignored")
-        feeds_list = load_inputs(o.load_inputs, catalog)
-        info = {"source": "file", "files": [str(p) for p in o.load_inputs]}
-    else:
-        feeds_list = generate_inputs(catalog, ranges, shapes, seed=o.seed, iterations=o.iterations)
-        info = {"source": "generated", "seed": o.seed, "iterations": o.iterations,
-                "val_range": {k or "*": list(v) for k, v in ranges.items()} or {"*": [0.0, 1.0]},
-                "shapes": {k: list(v.shape) for k, v in feeds_list[0].items()}}
-    info["sets"] = len(feeds_list)
-    info["digest"] = inputs_digest(feeds_list)
-    if o.save_inputs is not None:
-        save_inputs(o.save_inputs, feeds_list)
+    feeds_list, info = feeds_for(catalog, inputs)
 
-    cache_dir = None if o.no_cache else (o.cache_dir or default_cache_dir())
-    golden = get_golden(catalog, feeds_list, cache_dir, o.load_outputs)
+    cache_dir = None if cache.no_cache else (cache.cache_dir or default_cache_dir())
+    golden = get_golden(catalog, feeds_list, cache_dir, inputs.load_outputs)
 
     if canary:
         run_canary(make_backend)
-    backend = make_backend()
-    backend.open(catalog)
-    return Job(o, catalog, feeds_list, golden, tolerance, backend, info, cache_dir)
+    made = make_backend()
+    made.open(catalog)
+    return Job(catalog, feeds_list, golden, tolerance, made, info, cache_dir)
+
+
+def feeds_for(catalog: Catalog, inputs: Inputs) -> tuple[list[Feeds], dict[str, Any]]:
+    """The input sets (script, files, or Polygraphy's data loader) and what describes them; saved if asked."""
+    if inputs.data_loader_script:
+        from bisector.model.inputs import load_data_script
+
+        feeds_list = load_data_script(inputs.data_loader_script, catalog)
+        info = {"source": "script", "script": str(inputs.data_loader_script)}
+    elif inputs.load_inputs:
+        if inputs.val_range or inputs.input_shapes:
+            log.warning("--load-inputs given: --val-range/--input-shapes are ignored")
+        feeds_list = load_inputs(inputs.load_inputs, catalog)
+        info = {"source": "file", "files": [str(p) for p in inputs.load_inputs]}
+    else:
+        feeds_list = generate_inputs(catalog, inputs.val_range, inputs.input_shapes, seed=inputs.seed,
+                                     iterations=inputs.iterations)
+        info = {"source": "generated", "seed": inputs.seed, "iterations": inputs.iterations,
+                "val_range": {k or "*": list(v) for k, v in inputs.val_range.items()} or {"*": [0.0, 1.0]},
+                "shapes": {k: list(v.shape) for k, v in feeds_list[0].items()}}
+    info["sets"] = len(feeds_list)
+    info["digest"] = inputs_digest(feeds_list)
+    if inputs.save_inputs is not None:
+        save_inputs(inputs.save_inputs, feeds_list)
+    return feeds_list, info
+
+
+def open_job(model: str | Path, *, canary: bool = True, backend_extra: dict[str, Any] | None = None,
+             **options: Any) -> Job:
+    """A job from flat keyword options (`atol=0.1`, `val_range=["x:[1,2]"]`, `backend="emulate"`), for scripts
+    and tests that judge plans directly."""
+    from bisector.app.options import split_options
+
+    g = split_options(options, (Inputs, Tolerances, BackendChoice, Cache))
+    return build_job(Path(model), g[Inputs], g[Tolerances], g[BackendChoice], g[Cache], canary=canary,
+                     **(backend_extra or {}))
 
 
 def golden_digest(golden: Golden) -> str:

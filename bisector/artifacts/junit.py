@@ -6,6 +6,9 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from typing import Mapping
+
+from bisector.compare import OutputComparison
 from bisector.files import write_bytes_atomic
 
 
@@ -24,14 +27,12 @@ class Suite:
     name: str = "bisector"
     cases: list[Case] = field(default_factory=list)
 
-    def add_outputs(self, model: str, outputs: dict, seconds: float = 0.0) -> None:
-        """From OutputComparison.to_json() dicts."""
+    def add_outputs(self, model: str, outputs: Mapping[str, OutputComparison], seconds: float = 0.0) -> None:
         for out, r in outputs.items():
-            req = r.get("required_tolerance", {})
-            msg = "" if r.get("passed") else (
-                f"output {out!r} exceeds tolerance ({r.get('stat')}: needs abs {req.get('abs')} / rel {req.get('rel')}, "
-                f"tolerance abs {r.get('atol')} / rel {r.get('rtol')})" + (f"; {r['reason']}" if r.get("reason") else ""))
-            self.cases.append(Case(model, out, bool(r.get("passed")), msg, seconds))
+            msg = "" if r.passed else (
+                f"output {out!r} exceeds tolerance ({r.stat}: needs abs {r.required_abs:.4g} / rel {r.required_rel:.4g}, "
+                f"tolerance abs {r.atol:g} / rel {r.rtol:g})" + (f"; {r.reason}" if r.reason else ""))
+            self.cases.append(Case(model, out, r.passed, msg, seconds))
 
     def to_xml(self) -> bytes:
         failures = sum(1 for c in self.cases if not c.passed and not c.error)

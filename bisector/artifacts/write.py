@@ -14,7 +14,7 @@ from bisector.model import catalog as _catalog
 from bisector.model.catalog import Catalog
 from bisector.errors import UsageError
 from bisector.fp16.mixed import build_mixed_model
-from bisector.artifacts.add_constraints import layer_precision_strings, render_add_constraints
+from bisector.artifacts.add_constraints import add_constraints_for, layer_precision_strings_for
 from bisector.artifacts.constraints import Constraints
 from bisector.files import ensure_dir, write_file_atomic, write_text_atomic
 from bisector.artifacts.report import render_report
@@ -36,9 +36,9 @@ def write_artifacts(out_dir: Path, catalog: Catalog, constraints: Constraints, e
     # Build everything in memory first: a failure here leaves no artifact of this run behind.
     mixed = build_mixed_model(catalog, frozenset(fp32))
     mixed_files = _mixed_files(mixed, paths["mixed"])
-    float_outputs = {n: [catalog.is_float(o) for o in catalog.nodes[n].output if o] for n in fp32}
-    strings = layer_precision_strings(fp32, float_outputs=float_outputs)
-    script = render_add_constraints(fp32, catalog.path.name)
+    # every artifact that sets precisions also carries the pinned nodes (FP32 in the verified plan too)
+    strings = layer_precision_strings_for(catalog, fp32)
+    script = add_constraints_for(catalog, fp32)
     report = render_report(catalog, constraints, strings, extra_report)
 
     for path, fill in mixed_files:  # external data first, the model that names it last

@@ -15,7 +15,10 @@ def backend_factory(name: str, **options: Any) -> Callable[[], Backend]:
     if name == "emulate":
         from bisector.backends.emulate.backend import EmulateBackend
 
-        return lambda: EmulateBackend(**{k: v for k, v in options.items() if k in ("threads",)})
+        opts = {k: v for k, v in options.items() if k in ("threads", "storage")}
+        if options.get("fp16_arithmetic"):
+            opts["arithmetic"] = options["fp16_arithmetic"]
+        return lambda: EmulateBackend(**opts)
     if name == "ort-cuda":
         from bisector.backends.ort_cuda import OrtCudaBackend, import_ort
 

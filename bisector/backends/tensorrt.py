@@ -10,9 +10,11 @@ Two paths, chosen by the installed module:
   mixed-precision ONNX of the plan (`mixed.build_mixed_model`) into a `STRONGLY_TYPED` network; precision lives in
   the graph.
 
-Nodes are mapped to layers the way TensorRT's ONNX parser names them (see `map_nodes_to_layers`). An FP32 node
-that maps to no layer is a BackendFailure (exit 3), listing the nodes: the plan cannot be expressed in this
-build, and silently running such a node in FP16 would make the oracle lie.
+Nodes are mapped to layers by `trt_layers.match_layers`, the one rule the generated add_constraints.py also
+carries. An FP32 node that maps to no layer is a BackendFailure (exit 3), listing the nodes: the plan cannot be
+expressed in this build, and silently running such a node in FP16 would make the oracle lie. Pinned nodes (not
+candidates: Loop/Scan, float shape arithmetic, ops without FP16) are FP32 in every plan, as in the emulation;
+a pinned node without a layer is fine (the parser computed it while parsing).
 
 Every candidate build of a search shares one timing cache (optionally loaded from and saved to a file, the
 spellings of Polygraphy's `--load-timing-cache` / `--save-timing-cache`). A build that fails raises BuildFailure,
@@ -24,18 +26,16 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
-import onnx
 
 from bisector import __version__
 from bisector.errors import BackendFailure, BuildFailure, UsageError
 from bisector.fp16.plan import Plan
-from bisector.model.graph import inner_nodes
+from bisector.backends.trt_layers import match_layers, subgraph_aliases
 from bisector.backends.trt_import import (
     import_cudart,
     import_tensorrt,
@@ -50,89 +50,6 @@ if TYPE_CHECKING:  # pragma: no cover - the real module is only imported lazily
 
 PRECISION_CONSTRAINTS = ("obey", "prefer")
 MIN_STRONGLY_TYPED_10 = (10, 12)
-_METADATA = re.compile(r"^\[ONNX Layer: (?P<name>.*?)(?: \| .*)?\]$", re.S)
-_SUFFIXED = re.compile(r"^(?P<base>.*)_(?P<n>\d+)$", re.S)
-
-
-# ---- node -> layer mapping --------------------------------------------------------------------------------
-def metadata_node_name(metadata: str | None) -> str | None:
-    """The node name in a layer's metadata as onnx-tensorrt writes it: `[ONNX Layer: <name> | ...]`."""
-    if not metadata:
-        return None
-    m = _METADATA.match(metadata.strip())
-    return m.group("name") if m else None
-
-
-def subgraph_aliases(model: onnx.ModelProto) -> dict[str, str]:
-    """Names of nodes inside If/Loop/Scan bodies -> the top-level node that owns them.
-
-    onnx-tensorrt names the layers of a subgraph after the *inner* nodes; keeping the outer node FP32 means
-    keeping its body FP32. Inner names equal to a top-level name are left out (the top-level node wins).
-    """
-    top = {n.name for n in model.graph.node}
-    aliases: dict[str, str] = {}
-    for node in model.graph.node:
-        for n in inner_nodes(node):
-            inner = n.name or (f"node_of_{n.output[0]}" if n.output else "")
-            if inner and inner not in top:
-                aliases.setdefault(inner, node.name)
-    return aliases
-
-
-def map_nodes_to_layers(network: "trt.INetworkDefinition", nodes: Iterable[str],
-                        aliases: Mapping[str, str] | None = None) -> dict[str, list[int]]:
-    """Layer indices of `network` per node name (nodes that map to nothing are absent).
-
-    Pass *all* node names (not only candidates), so that a layer of a non-candidate node is not taken for a
-    suffixed layer of a candidate.
-
-    Rules, in order, for each layer:
-    1. `layer.metadata` `[ONNX Layer: N | ...]` (written by onnx-tensorrt for every layer it registers for a node);
-       when present it decides alone;
-    2. the layer name equals a node name (the parser names a node's first layer after the node);
-    3. the name is `N_<k>` for a node N (the parser's unique-name suffix for further layers of N; its counter is
-       global, so k is any number);
-    4. a subgraph's inner node name (`aliases`) counts for the node that owns the subgraph;
-    5. a layer with neither (helper layers registered without a node) that sits between two layers of the same
-       node belongs to that node: the parser adds all layers of one node consecutively.
-    """
-    known = set(nodes)
-    aliases = dict(aliases or {})
-
-    def resolve(name: str | None) -> str | None:
-        if name is None:
-            return None
-        if name in known:
-            return name
-        return aliases.get(name) if aliases.get(name) in known else None
-
-    owners: list[str | None] = []
-    for i in range(network.num_layers):
-        layer = network.get_layer(i)
-        recorded = metadata_node_name(getattr(layer, "metadata", None))
-        if recorded is not None:  # the parser's own record: authoritative, even when it names another node
-            owner = resolve(recorded)
-        else:
-            owner = resolve(layer.name)
-            if owner is None:
-                m = _SUFFIXED.match(layer.name)
-                if m:
-                    owner = resolve(m.group("base"))
-        owners.append(owner)
-    # rule 5: unattributed layers sandwiched between two layers of one node
-    last: tuple[int, str] | None = None
-    for i, owner in enumerate(owners):
-        if owner is None:
-            continue
-        if last is not None and last[1] == owner:
-            for j in range(last[0] + 1, i):
-                owners[j] = owner
-        last = (i, owner)
-    result: dict[str, list[int]] = {}
-    for i, owner in enumerate(owners):
-        if owner is not None:
-            result.setdefault(owner, []).append(i)
-    return result
 
 
 # ---- options ----------------------------------------------------------------------------------------------
@@ -497,15 +414,16 @@ class _WeakNetwork:
         self.trt = engines.trt
         self.precision_constraints = precision_constraints
         self.network, self.parser = engines.parse(catalog.model.SerializeToString())
-        self.layers = map_nodes_to_layers(self.network, catalog.names, subgraph_aliases(catalog.model))
+        self.layers: dict[str, list[int]] = match_layers(self.network, catalog.names, subgraph_aliases(catalog.model))
         self.unmapped_candidates = frozenset(catalog.candidates).difference(self.layers)
+        self.pinned = sorted(n for n in catalog.pinned if n in self.layers)
         self._marked: list[int] = []
 
     def apply(self, plan: Plan) -> "trt.INetworkDefinition":
         missing = sorted(plan.fp32.intersection(self.unmapped_candidates))
         if missing:
             raise BackendFailure(
-                "these FP32 nodes map to no TensorRT layer (by layer name, `<node>_<k>` suffix or layer metadata), "
+                "these FP32 nodes map to no TensorRT layer (by layer metadata, layer name or `<node>_<k>` suffix), "
                 f"so their precision cannot be set: {missing}. TensorRT may have folded them into weights or "
                 "fused them away; try --strongly-typed (TensorRT >= 10.12) or the emulate backend")
         trt_mod = self.trt
@@ -515,7 +433,7 @@ class _WeakNetwork:
             for k in range(layer.num_outputs):
                 layer.reset_output_type(k)
         self._marked = []
-        for node in sorted(plan.fp32):
+        for node in sorted(plan.fp32) + self.pinned:
             for i in self.layers[node]:
                 layer = self.network.get_layer(i)
                 layer.precision = trt_mod.float32

@@ -1,4 +1,4 @@
-"""The `bisector` command line. Parses flags (Polygraphy spellings) and hands them to `session`/`search`.
+"""The `bisector` command line: flags (Polygraphy spellings) -> typed option groups -> the API -> printed results.
 
 Exit codes (DESIGN §9): 0 success, 1 accuracy failure, 2 usage/input/environment error, 3 backend failure.
 """
@@ -10,7 +10,7 @@ import sys
 import typer
 
 from bisector import __version__
-from bisector.cli.argv import expand_multi_value_flags
+from bisector.cli.argv import expand_multi_value_flags, split_check
 from bisector.errors import BisectorError
 
 app = typer.Typer(
@@ -22,6 +22,8 @@ app = typer.Typer(
 )
 
 from bisector.cli.commands.batch import batch
+from bisector.cli.commands.convert import convert
+from bisector.cli.commands.debug import debug_app
 from bisector.cli.commands.inspect import inspect
 from bisector.cli.commands.precision import precision
 from bisector.cli.commands.profile import profile
@@ -34,6 +36,8 @@ app.command()(profile)
 app.command()(run)
 app.command()(verify)
 app.command()(batch)
+app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(convert)
+app.add_typer(debug_app, name="debug")
 
 
 @app.command()
@@ -47,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
 
     Flag errors are click's (exit 2, its usage message); ours are BisectorError with their own exit code.
     """
-    args = expand_multi_value_flags(list(sys.argv[1:] if argv is None else argv))
+    args = split_check(expand_multi_value_flags(list(sys.argv[1:] if argv is None else argv)))
     verbose = "--verbose" in args or "-v" in args
     try:
         app(args=args, prog_name="bisector")  # standalone: click handles its own usage errors and exits

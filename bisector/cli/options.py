@@ -1,75 +1,98 @@
-"""Options shared by commands, spelled as in Polygraphy. Multi-value flags take space-separated values
-(see argv.py); each is declared once here and reused by every command."""
+"""Flags from the API's typed option groups, declared once (in bisector.app.options) and shown as help panels.
+
+`command(*groups)` gives a command function the flags of every group it names; the command receives the group
+instances (already checked) in `opts`. CLI-only flags (output, logging) are declared here, once.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import logging
 import sys
+import typing
 from pathlib import Path
-from typing import Annotated, Any, Mapping, Optional
+from typing import Annotated, Any, Callable, Optional
 
 import typer
 
 Model = Annotated[Path, typer.Argument(help="The ONNX model.", show_default=False)]
-ValRange = Annotated[Optional[list[str]], typer.Option("--val-range", help="Input value ranges: x:[1,2] or [0,1] for all (default [0,1]).")]
-InputShapes = Annotated[Optional[list[str]], typer.Option("--input-shapes", help="Shapes for dynamic inputs: x:[1,3,224,224].")]
-Seed = Annotated[int, typer.Option("--seed", help="Seed for generated inputs.")]
-Iterations = Annotated[int, typer.Option("--iterations", help="Number of generated input sets; a plan must pass on every one.")]
-LoadInputs = Annotated[Optional[list[Path]], typer.Option("--load-inputs", help="Input sets: Polygraphy JSON (polygraphy run --save-inputs) or .npz.")]
-SaveInputs = Annotated[Optional[Path], typer.Option("--save-inputs", help="Save the input sets used (Polygraphy JSON, or .npz).")]
-LoadOutputs = Annotated[Optional[Path], typer.Option("--load-outputs", help="Golden outputs from Polygraphy RunResults JSON instead of running ORT FP32.")]
-Atol = Annotated[Optional[list[str]], typer.Option("--atol", help="Absolute tolerance, per output with out:value (Polygraphy default 1e-5, too strict for FP16: try 1e-1).")]
-Rtol = Annotated[Optional[list[str]], typer.Option("--rtol", help="Relative tolerance, per output with out:value (Polygraphy default 1e-5).")]
-ErrorStat = Annotated[Optional[list[str]], typer.Option("--check-error-stat", help="elemwise (default), mean, median, max or quantile; per output with out:stat.")]
-ErrorQuantile = Annotated[float, typer.Option("--error-quantile", help="Quantile for --check-error-stat quantile.")]
-Fp16 = Annotated[bool, typer.Option("--fp16", help="Reduced precision to search for: FP16 (the default and only one).")]
-BackendOpt = Annotated[str, typer.Option("--backend", help="emulate (CPU FP16 storage emulation), ort-cuda, tensorrt, tensorrt-rtx.")]
-CacheDir = Annotated[Optional[Path], typer.Option("--cache-dir", help="Cache for golden outputs and the journal (default: the user cache dir).")]
-NoCache = Annotated[bool, typer.Option("--no-cache", help="Neither read nor write the golden cache.")]
-Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging and tracebacks.")]
-# TensorRT backends (ignored by emulate / ort-cuda)
-PrecisionConstraints = Annotated[str, typer.Option("--precision-constraints", help="TensorRT 10 weak typing: obey (default) or prefer.")]
-StronglyTyped = Annotated[bool, typer.Option("--strongly-typed", help="TensorRT >= 10.12: build strongly typed from the mixed-precision ONNX.")]
-LoadTimingCache = Annotated[Optional[Path], typer.Option("--load-timing-cache", help="TensorRT timing cache to start from.")]
-SaveTimingCache = Annotated[Optional[Path], typer.Option("--save-timing-cache", help="Save the search's shared TensorRT timing cache here.")]
-OptLevel = Annotated[Optional[int], typer.Option("--builder-optimization-level", help="TensorRT builder optimization level (0-5).")]
-TacticSources = Annotated[Optional[list[str]], typer.Option("--tactic-sources", help="TensorRT tactic sources to enable (space-separated).")]
-SaveEngines = Annotated[Optional[Path], typer.Option("--save-engines", help="Keep each candidate's TensorRT engine in this directory.")]
-JunitOut = Annotated[Optional[Path], typer.Option("--junit", help="Write JUnit XML here: one test case per model output.")]
-JsonOut = Annotated[Optional[Path], typer.Option("--json", help="Write a machine-readable summary here (`-`: to stdout, which then holds nothing else).")]
+Fp16 = Annotated[bool, typer.Option("--fp16", help="Reduced precision to search for: FP16 (the default).",
+                                    rich_help_panel="Inputs")]
+Fp32Nodes = Annotated[Optional[list[str]], typer.Option("--fp32", help="Nodes to keep in FP32 (space-separated).")]
+ConstraintsIn = Annotated[Optional[Path], typer.Option("--constraints", help="Keep the fp32_nodes of a constraints.json in FP32.")]
+JunitOut = Annotated[Optional[Path], typer.Option("--junit", help="JUnit XML here: one test case per model output.",
+                                                  rich_help_panel="Output")]
+JsonOut = Annotated[Optional[Path], typer.Option("--json", help="A machine-readable summary here (`-`: stdout, "
+                                                 "which then holds nothing else).", rich_help_panel="Output")]
+Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging and tracebacks.", rich_help_panel="Output")]
+
+CLI_MULTI_VALUE_FLAGS = frozenset({"--fp32"})
 
 
-_TRT_FLAGS = ("precision_constraints", "strongly_typed", "load_timing_cache", "save_timing_cache",
-              "builder_optimization_level", "tactic_sources", "save_engines")
+def multi_value_flags() -> frozenset[str]:
+    """Every Polygraphy-style space-separated multi-value flag (see argv.py)."""
+    from bisector.app.api import Check
+
+    return CLI_MULTI_VALUE_FLAGS | {flag for g in (*api_groups(), Check) for f in dataclasses.fields(g)
+                                    if f.metadata.get("multi") for flag in f.metadata["flags"]}
 
 
-def job_options(flags: Mapping[str, Any], **overrides: Any):
-    """JobOptions from a command's flag values, picked by parameter name (commands pass `locals()`), so the
-    shared input/tolerance/backend flags are mapped in one place instead of a long positional call per command."""
-    from bisector.app.job import JobOptions
+def api_groups() -> tuple[type, ...]:
+    from bisector.app.options import GROUPS, POLYGRAPHY_GROUPS
 
-    f = {**flags, **overrides}
-    backend_opts = f.get("backend_options")
-    if backend_opts is None:
-        backend_opts = backend_options(f.get("input_shapes"), **{k: f[k] for k in _TRT_FLAGS if k in f})
-    return JobOptions(
-        model=f["model"], val_range=f.get("val_range") or [], input_shapes=f.get("input_shapes") or [],
-        seed=1 if f.get("seed") is None else f["seed"], iterations=1 if f.get("iterations") is None else f["iterations"], load_inputs=f.get("load_inputs") or [],
-        save_inputs=f.get("save_inputs"), load_outputs=f.get("load_outputs"), atol=f.get("atol") or [],
-        rtol=f.get("rtol") or [], check_error_stat=f.get("check_error_stat") or [],
-        error_quantile=f.get("error_quantile", 0.99), backend=f.get("backend", "emulate"),
-        backend_options=backend_opts, cache_dir=f.get("cache_dir"), no_cache=bool(f.get("no_cache")),
-    )
+    return GROUPS + POLYGRAPHY_GROUPS
 
 
-def strategy_help() -> str:
+def _parameter(group: type, f: dataclasses.Field) -> inspect.Parameter:
+    meta = f.metadata
+    hints = typing.get_type_hints(group)
+    cli_type = meta["cli"] or hints[f.name]
+    help_text = meta["help"]
+    if f.name == "strategy":
+        help_text += f" Installed: {_strategies()}."
+    option = typer.Option(*meta["flags"], help=help_text, rich_help_panel=group.panel, show_default=meta["show_default"])
+    default = f.default if f.default is not dataclasses.MISSING else None
+    return inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                             annotation=Annotated[cli_type, option])
+
+
+def _strategies() -> str:
     try:
         from bisector.search.driver import available_strategies
 
-        names = ", ".join(sorted(available_strategies()))
+        return ", ".join(sorted(available_strategies()))
     except Exception:  # help text must never fail
-        names = "?"
-    return f"Search strategy plugin (entry-point group bisector.strategies). Installed: {names}."
+        return "?"
+
+
+def command(*groups: type, defaults: dict[str, Any] | None = None) -> Callable[[Callable], Callable]:
+    """Decorate `fn(..., opts)`: add every field of `groups` as a flag; call `fn` with `opts` mapping each group
+    class to its instance (a bad value raises the group's UsageError before any work)."""
+
+    def decorate(fn: Callable) -> Callable:
+        hints = typing.get_type_hints(fn, include_extras=True)  # resolve `from __future__` string annotations
+        own = [p.replace(annotation=hints.get(p.name, p.annotation))
+               for p in inspect.signature(fn).parameters.values() if p.name != "opts"]
+        fields = {f.name: g for g in groups for f in dataclasses.fields(g)}
+        added = [_parameter(g, f) for g in groups for f in dataclasses.fields(g)]
+        if defaults:
+            added = [p.replace(default=defaults[p.name]) if p.name in defaults else p for p in added]
+
+        def wrapper(**kw: Any) -> Any:
+            return fn(**{k: v for k, v in kw.items() if k not in fields}, opts=build_groups(groups, kw))
+
+        wrapper.__name__, wrapper.__doc__ = fn.__name__, fn.__doc__
+        wrapper.__signature__ = inspect.Signature(own + added)  # type: ignore[attr-defined]
+        wrapper.__annotations__ = {p.name: p.annotation for p in own + added}
+        return wrapper
+
+    return decorate
+
+
+def build_groups(groups: tuple[type, ...], values: dict[str, Any]) -> dict[type, Any]:
+    """Group instances from flag values by field name."""
+    return {g: g(**{f.name: values[f.name] for f in dataclasses.fields(g) if f.name in values}) for g in groups}
 
 
 def setup_logging(verbose: bool) -> None:
@@ -95,25 +118,6 @@ class _StderrHandler(logging.StreamHandler):
         pass
 
 
-
-
-def backend_options(input_shapes, precision_constraints="obey", strongly_typed=False, load_timing_cache=None,
-                    save_timing_cache=None, builder_optimization_level=None, tactic_sources=None,
-                    save_engines=None) -> dict:
-    """Backend keyword options from flags; each backend takes the ones it knows (see backends/__init__.py)."""
-    from bisector.errors import UsageError
-    from bisector.values import parse_input_shapes
-
-    if precision_constraints not in ("obey", "prefer"):
-        raise UsageError(f"--precision-constraints {precision_constraints!r}: choose obey or prefer")
-    return {
-        "precision_constraints": precision_constraints, "strongly_typed": strongly_typed or None,
-        "load_timing_cache": load_timing_cache, "save_timing_cache": save_timing_cache,
-        "builder_optimization_level": builder_optimization_level, "tactic_sources": tactic_sources,
-        "save_engines": save_engines, "input_shapes": parse_input_shapes(input_shapes) or None,
-    }
-
-
 def json_to_stdout(json_out) -> bool:
     return json_out is not None and str(json_out) == "-"
 
@@ -134,3 +138,7 @@ def human_output(json_out):
     if json_to_stdout(json_out):
         return lambda message: typer.echo(message, err=True)
     return typer.echo
+
+
+__all__ = ["command", "build_groups", "Model", "Fp16", "Fp32Nodes", "ConstraintsIn", "JunitOut", "JsonOut",
+           "Verbose", "setup_logging", "write_json", "human_output", "json_to_stdout", "multi_value_flags"]

@@ -38,8 +38,8 @@ def cast(src: str, dst: str, to: int) -> onnx.NodeProto:
     return node
 
 
-def round_trip(tensor: str, src: str | None = None, dst: str | None = None) -> list[onnx.NodeProto]:
-    """The Cast pair that stores `tensor` in FP16 and reads it back: `src` (default `tensor`) -> `t__fp16` ->
-    `dst` (default `t__rounded`). IEEE round-to-nearest; ORT keeps user-written pairs."""
+def round_trip(tensor: str, src: str | None = None, dst: str | None = None, to: int = FLOAT16) -> list[onnx.NodeProto]:
+    """The Cast pair that stores `tensor` in FP16 (or `to`: BFLOAT16) and reads it back: `src` (default `tensor`)
+    -> `t__fp16` -> `dst` (default `t__rounded`). IEEE round-to-nearest; ORT keeps user-written pairs."""
     half = fp16_name(tensor)
-    return [cast(src or tensor, half, FLOAT16), cast(half, dst or rounded_name(tensor), FLOAT)]
+    return [cast(src or tensor, half, to), cast(half, dst or rounded_name(tensor), FLOAT)]

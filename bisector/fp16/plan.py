@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 
@@ -20,8 +21,9 @@ class Plan:
         return frozenset(self.candidates).difference(self.fp32)
 
     def key(self) -> str:
-        """A stable text key (sorted names) for caches and journals."""
-        return "\n".join(sorted(self.fp32))
+        """A stable, unambiguous text key for caches and journals: the sorted names as a JSON list, so no name
+        (one containing a newline, a comma, a quote) can make two different sets share a key."""
+        return json.dumps(sorted(self.fp32), ensure_ascii=False)
 
     @classmethod
     def all_fp16(cls, candidates: tuple[str, ...]) -> "Plan":

@@ -9,7 +9,8 @@ from importlib.metadata import entry_points
 from typing import Any, Callable
 
 from bisector.errors import AccuracyFailure, UsageError
-from bisector.search.oracle import BudgetExhausted, Oracle, Verdict
+from bisector.search.judge import Verdict
+from bisector.search.oracle import BudgetExhausted, Oracle
 
 GROUP = "bisector.strategies"
 
@@ -69,8 +70,10 @@ def run_search(
             for n, r in top.outputs.items() if not r.passed
         )
         raise AccuracyFailure(
-            "nothing passes, not even with every candidate FP32: failing output(s) " + worst + ". The difference "
-            "comes from outside the candidates (pinned nodes, the backend itself) or the tolerance is tighter than "
+            "nothing passes, not even with every candidate FP32: failing output(s) " + worst + ". If the golden "
+            "outputs were loaded (--load-outputs), first check they came from the same inputs (--load-inputs, or the "
+            "same --seed/--val-range/--input-shapes), the same model and an FP32 runner (--onnxrt). Otherwise the "
+            "difference comes from outside the candidates (pinned nodes, the backend itself) or the tolerance is tighter than "
             "FP32 run-to-run noise; loosen --atol/--rtol or check the pinned nodes with `bisector inspect`."
         )
     all_hints = {k: v for k, v in (hints or {}).items() if v is not None}
@@ -92,10 +95,7 @@ def run_search(
     if unknown:
         raise UsageError(f"strategy {strategy_name!r} returned names that are not candidates: {sorted(unknown)}")
     verdict = oracle.evaluate(answer, count=False)
-    # 1-minimal is claimed only when proven by verdicts actually judged: every single removal was tried and
-    # failed. Strategy-agnostic, so a third-party plugin cannot claim it by accident.
-    minimal = verdict.passed and stop_reason is None and all(
-        (v := oracle.verdicts.get(answer - {n})) is not None and not v.passed for n in answer)
+    minimal = verdict.passed and stop_reason is None and not removable(oracle, answer, judge_missing=False)
     return SearchResult(
         fp32=answer,
         passed=verdict.passed,
@@ -106,6 +106,20 @@ def run_search(
         seconds=time.perf_counter() - t0,
         evaluations={"total": oracle.total, "new": oracle.new, "cached": oracle.cached},
     )
+
+
+def removable(oracle: Oracle, answer: frozenset[str], judge_missing: bool = True) -> list[str]:
+    """The nodes of `answer` whose single removal still passes (or was never judged), in candidate order.
+
+    1-minimal is claimed only when proven by verdicts actually judged: every single removal tried and failed.
+    Strategy-agnostic, so a third-party plugin cannot claim it by accident. `judge_missing`: judge removals the
+    search did not ask (verify --check-minimal); otherwise an unjudged removal counts as not proven."""
+    out = []
+    for n in (c for c in oracle.candidates if c in answer):
+        v = oracle.evaluate(answer - {n}, count=False) if judge_missing else oracle.verdicts.get(answer - {n})
+        if v is None or v.passed:
+            out.append(n)
+    return out
 
 
 def _search_from(strategy, start: frozenset[str], candidates, oracle: Oracle, hints: dict) -> frozenset[str]:

@@ -15,9 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bisector.compare import OutputComparison
 from bisector.errors import UsageError
-from bisector.search.oracle import Verdict
+from bisector.search.judge import Verdict
 from bisector.fp16.plan import Plan
 
 SCHEMA = """
@@ -58,13 +57,13 @@ class SqliteJournal:
         if not self.resume:
             return None
         row = self.db.execute("SELECT verdict FROM evaluations WHERE key=? AND plan=?", (self.key, plan.key())).fetchone()
-        return None if row is None else verdict_from_json(json.loads(row[0]))
+        return None if row is None else Verdict.from_json(json.loads(row[0]))
 
     def record(self, plan: Plan, verdict: Verdict) -> None:
         # Same key and plan: a --no-resume run re-judged it; the newer verdict replaces the older one.
         self.db.execute(
             "INSERT OR REPLACE INTO evaluations VALUES (?, ?, ?, ?, ?)",
-            (self.key, plan.key(), int(verdict.passed), json.dumps(verdict_to_json(verdict)), time.time()),
+            (self.key, plan.key(), int(verdict.passed), json.dumps(verdict.to_json()), time.time()),
         )
 
     def count(self) -> int:
@@ -72,13 +71,3 @@ class SqliteJournal:
 
     def close(self) -> None:
         self.db.close()
-
-
-def verdict_to_json(v: Verdict) -> dict:
-    return {"fp32": sorted(v.fp32), "passed": v.passed, "worst_set": v.worst_set, "seconds": v.seconds,
-            "outputs": {k: o.to_json() for k, o in v.outputs.items()}}
-
-
-def verdict_from_json(d: dict) -> Verdict:
-    outputs = {k: OutputComparison.from_json(k, o) for k, o in d["outputs"].items()}
-    return Verdict(frozenset(d["fp32"]), bool(d["passed"]), outputs, int(d["worst_set"]), dict(d.get("seconds", {})))

@@ -11,47 +11,20 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
 from bisector.backends.base import Backend
-from bisector.budget import (
-    BudgetExhausted,  # part of the strategy protocol: strategies let it propagate
+from bisector.budget import (  # BudgetExhausted is part of the strategy protocol: strategies let it propagate
+    Budget,
+    BudgetExhausted,
 )
-from bisector.compare import OutputComparison, Tolerance, compare_outputs
+from bisector.compare import Tolerance
 from bisector.fp16.plan import Plan
+from bisector.search.judge import Verdict, judge
 from bisector.model.polyjson import Feeds
-
-
-@dataclass
-class Verdict:
-    fp32: frozenset[str]
-    passed: bool
-    outputs: dict[str, OutputComparison]  # of the worst input set
-    worst_set: int
-    seconds: dict[str, float] = field(default_factory=dict)
-    source: str = "new"  # new | journal
-
-    def summary(self) -> dict:
-        return {
-            "passed": self.passed, "fp32_size": len(self.fp32), "worst_input_set": self.worst_set,
-            "outputs": {k: v.to_json() for k, v in self.outputs.items()}, "seconds": self.seconds,
-        }
 
 
 class Journal(Protocol):
     def lookup(self, plan: Plan) -> Verdict | None: ...
 
     def record(self, plan: Plan, verdict: Verdict) -> None: ...
-
-
-@dataclass
-class Budget:
-    max_evals: int | None = None
-    time_limit: float | None = None
-    started: float = field(default_factory=time.monotonic)
-
-    def check(self, new_evals: int) -> None:
-        if self.max_evals is not None and new_evals >= self.max_evals:
-            raise BudgetExhausted(f"--max-evals {self.max_evals} reached")
-        if self.time_limit is not None and time.monotonic() - self.started >= self.time_limit:
-            raise BudgetExhausted(f"--time-limit {self.time_limit:g}s reached")
 
 
 class Oracle:
@@ -117,19 +90,4 @@ class Oracle:
         return verdict
 
     def _judge(self, plan: Plan) -> Verdict:
-        worst: dict[str, OutputComparison] | None = None
-        worst_i, worst_score, passed = 0, (False, -1.0), True
-        t_run = t_cmp = 0.0
-        for i, (feeds, golden) in enumerate(zip(self.feeds_list, self.golden)):
-            t0 = time.perf_counter()
-            outs = self.backend.run(plan, feeds, list(golden))
-            t1 = time.perf_counter()
-            result = compare_outputs(outs, golden, self.tolerance)
-            t_cmp += time.perf_counter() - t1
-            t_run += t1 - t0
-            ok = all(r.passed for r in result.values())
-            score = (not ok, max((r.excess for r in result.values()), default=0.0))  # a failing set is worse
-            passed &= ok
-            if worst is None or score > worst_score:
-                worst, worst_i, worst_score = result, i, score
-        return Verdict(plan.fp32, passed, worst or {}, worst_i, {"run": t_run, "compare": t_cmp})
+        return judge(self.backend, plan, self.feeds_list, self.golden, self.tolerance)

@@ -231,27 +231,12 @@ def search(case: dict, backend: str, work: Path) -> dict:
     return res
 
 
-def job_options(case: dict, backend: str, work: Path, **backend_options):
-    from bisector.app.job import JobOptions
+def open_case_job(case: dict, backend: str, work: Path, **backend_options):
+    from bisector.app.job import open_job
+    from bisector.app.options import options_from_flags
 
-    o = JobOptions(model=Path(case["model"]), backend=backend, backend_options=backend_options,
-                   cache_dir=work / "cache")
-    a = case["args"]
-    i = 0
-    while i < len(a):
-        flag, val = a[i], a[i + 1]
-        if flag == "--atol":
-            o.atol.append(val)
-        elif flag == "--rtol":
-            o.rtol.append(val)
-        elif flag == "--val-range":
-            o.val_range.append(val)
-        elif flag == "--load-inputs":
-            o.load_inputs.append(Path(val))
-        else:
-            raise ValueError(flag)
-        i += 2
-    return o
+    return open_job(Path(case["model"]), backend=backend, cache_dir=work / "cache", canary=False,
+                    backend_extra=backend_options, **options_from_flags(case["args"]))
 
 
 def verdict_json(v) -> dict:
@@ -262,14 +247,12 @@ def verdict_json(v) -> dict:
 
 def cross_judge(case: dict, sets: dict[str, list[str]], work: Path) -> dict:
     """Judge each named FP32 set with both backends (same inputs, golden and tolerance as the CLI)."""
-    from bisector.app.job import build_job
-
     res: dict = {"plans": {}}
     jobs = {}
     try:
         for backend in ("emulate", "ort-cuda"):
-            jobs[backend] = build_job(job_options(case, SECOND if backend == "ort-cuda" else backend, work), canary=False)
-        jobs["ort-cuda-noopt"] = build_job(job_options(case, SECOND, work), canary=False)
+            jobs[backend] = open_case_job(case, SECOND if backend == "ort-cuda" else backend, work)
+        jobs["ort-cuda-noopt"] = open_case_job(case, SECOND, work)
         jobs["ort-cuda-noopt"].backend.graph_optimization = "disable"
         cands = jobs["emulate"].catalog.candidates
         res["candidates"] = len(cands)

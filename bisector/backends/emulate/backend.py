@@ -19,6 +19,7 @@ from bisector import __version__
 from bisector.model.catalog import Catalog
 from bisector.backends.emulate.executor import NodeExecutor, Overlay
 from bisector.fp16 import rules
+from bisector.fp16.arithmetic import check_mode, rules_tag
 from bisector.fp16.plan import Plan
 from bisector.fp16.points import rounding_points
 from bisector.model.inputs import feeds_digest
@@ -27,7 +28,12 @@ from bisector.model.inputs import feeds_digest
 class EmulateBackend:
     name = "emulate"
 
-    def __init__(self, threads: int = 0, reference_cache_size: int = 8, block_size: int | None = None):
+    def __init__(self, threads: int = 0, reference_cache_size: int = 8, block_size: int | None = None,
+                 arithmetic: str = "storage", storage: str = "fp16"):
+        self.arithmetic = check_mode(arithmetic)
+        if storage not in rules.STORAGES:
+            raise ValueError(f"storage {storage!r}: fp16 or bf16")
+        self.storage = storage  # what the plan's non-FP32 nodes store: FP16 (default) or BF16 (`run --trt --bf16`)
         self.block_size = block_size
         self.threads = threads
         self.reference_cache_size = reference_cache_size
@@ -40,13 +46,16 @@ class EmulateBackend:
     # ---- protocol ------------------------------------------------------------------------------------------
     def open(self, catalog: Catalog) -> None:
         self.catalog = catalog
-        self.executor = NodeExecutor(catalog, threads=self.threads, block_size=self.block_size)
+        self.executor = NodeExecutor(catalog, threads=self.threads, block_size=self.block_size,
+                                     arithmetic=self.arithmetic, storage=self.storage)
         self._references.clear()
         self._boundaries.clear()
         self._feeds_keys.clear()
 
     def describe(self) -> dict[str, str]:
-        return {"backend": self.name, "onnxruntime": ort.__version__, "rules": rules.rules_version(), "bisector": __version__}
+        tag = rules_tag(self.arithmetic)
+        return {"backend": self.name, "onnxruntime": ort.__version__,
+                "rules": tag if self.storage == "fp16" else f"bf16-{tag}", "bisector": __version__}
 
     def close(self) -> None:
         self.executor = None

@@ -24,6 +24,7 @@ from onnx import helper
 
 from bisector.errors import BackendFailure
 from bisector.fp16 import rules
+from bisector.fp16.arithmetic import split_bias_epilogue
 from bisector.fp16.casts import raw_name, round_trip, rounded_name
 from bisector.fp16.points import Read, RoundingPoints
 from bisector.model.catalog import Catalog
@@ -46,8 +47,12 @@ Spec = tuple[tuple[Read, ...], tuple[bool, ...]]
 class NodeExecutor:
     """One ORT session per node of `catalog.model`, built lazily and kept for every later plan."""
 
-    def __init__(self, catalog: Catalog, threads: int = 0, block_size: int | None = None):
+    def __init__(self, catalog: Catalog, threads: int = 0, block_size: int | None = None,
+                 arithmetic: str = "storage", storage: str = "fp16"):
         self.catalog = catalog
+        self.arithmetic = arithmetic  # bisector.fp16.arithmetic: "storage" (DESIGN §4) or "gpu"
+        self.storage = storage  # what reduced-precision nodes store: "fp16", or "bf16" (`run --trt --bf16`)
+        self._half = rules.half_type(storage)
         self.blocks = _partition(catalog, block_size or auto_block_size(len(catalog.names)))
         self._sessions: dict[tuple, ort.InferenceSession] = {}
         self._threads = threads
@@ -75,10 +80,10 @@ class NodeExecutor:
         return opts
 
     def converted(self, weight: str) -> np.ndarray:
-        """A weight as an FP16 reader holds it (`rules.round_weight`), computed once."""
+        """A weight as an FP16 (BF16) reader holds it (`rules.round_weight_as`), computed once."""
         w = self._converted.get(weight)
         if w is None:
-            w = self._converted[weight] = rules.round_weight(self.weights[weight])
+            w = self._converted[weight] = rules.round_weight_as(self.storage, self.weights[weight])
         return w
 
     # ---- whole-model runs ------------------------------------------------------------------------------------
@@ -168,7 +173,7 @@ class NodeExecutor:
         for (t, idx), v, r in zip(slots, values, reads):
             if t not in self.weights:
                 # an outer-scope value of a subgraph: no Cast can reach inside, so it is rounded here
-                feed.setdefault(t, rules.round_activation(v) if (r is Read.ROUND and idx is None) else v)
+                feed.setdefault(t, rules.round_activation_as(self.storage, v) if (r is Read.ROUND and idx is None) else v)
         key = (node.name, reads, round_out, tuple(str(v.dtype) for v in feed.values()))
         sess = self._sessions.get(key)
         if sess is None:
@@ -202,7 +207,7 @@ class NodeExecutor:
                 elif r is Read.ROUND and idx is not None:
                     if t not in rounded:
                         rounded.add(t)
-                        out.extend(round_trip(t))
+                        out.extend(round_trip(t, to=self._half))
                     core.input[idx] = rounded_name(t)
             casts, rounds = [], iter(round_out)
             for j, o in enumerate(node.output):
@@ -211,12 +216,25 @@ class NodeExecutor:
                 final = out_name(node, o) if out_name else o
                 if next(rounds):
                     core.output[j] = raw_name(final)
-                    casts.extend(round_trip(final, src=raw_name(final), dst=final))
+                    casts.extend(round_trip(final, src=raw_name(final), dst=final, to=self._half))
                 else:
                     core.output[j] = final
-            out.append(core)
+            out.extend(self._arithmetic(core, any(round_out)))
             out.extend(casts)
         return out, weights
+
+    def _arithmetic(self, core: onnx.NodeProto, fp16: bool) -> list[onnx.NodeProto]:
+        """`core` as the emulation computes it: unchanged (storage rules), or, for an FP16 node under
+        --fp16-arithmetic gpu, split where the GPU kernel rounds inside the layer (bisector.fp16.arithmetic)."""
+        if self.arithmetic == "gpu" and fp16 and core.output and core.output[0]:
+            split = split_bias_epilogue(core, core.output[0], self._weight_rank)
+            if split is not None:
+                return split
+        return [core]
+
+    def _weight_rank(self, tensor: str) -> int | None:
+        w = self.weights.get(tensor[: -len("__rounded")] if tensor.endswith("__rounded") else tensor)
+        return None if w is None else int(np.ndim(w))
 
     def _session(self, nodes, what: str, inputs: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
                  outputs: list[str]) -> ort.InferenceSession:

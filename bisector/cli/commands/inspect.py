@@ -4,95 +4,99 @@ from __future__ import annotations
 
 import json
 import sys
-from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Optional
 
-from bisector.cli.options import JsonOut, Model, Verbose, setup_logging
+import typer
 
-SCHEMA_VERSION = 1
+from bisector.app import api
+from bisector.cli.options import JsonOut, Model, Verbose, setup_logging, write_json
 
 
-def inspect(model: Model, json_out: JsonOut = None, verbose: Verbose = False) -> None:
+def inspect(
+    what: Annotated[str, typer.Argument(help="The ONNX model; or `model FILE` / `data FILE` as in Polygraphy.",
+                                        show_default=False)],
+    path: Annotated[Optional[Path], typer.Argument(help="With `model`/`data`: the file.", show_default=False)] = None,
+    mode: Annotated[Optional[str], typer.Option("--mode", help="Polygraphy's (deprecated) detail level: none, basic, "
+                                                "layers, attrs, full.")] = None,
+    show: Annotated[Optional[list[str]], typer.Option("--show", help="Polygraphy's: layers, attrs, weights.")] = None,
+    display_as: Annotated[Optional[str], typer.Option("--display-as", help="trt: list the layers as TensorRT's ONNX "
+                                                      "parser names them.")] = None,
+    json_out: JsonOut = None, verbose: Verbose = False,
+) -> None:
     """List candidates and pinned nodes (with reasons), the op histogram, graph inputs and outputs with shapes
     and dtypes, and the TensorRT layer name each node will have. `--json FILE` (or `--json -` for stdout
-    only) writes the same as JSON."""
-    from bisector.files import write_text_atomic
-    from bisector.model.catalog import Catalog
+    only) writes the same as JSON. Polygraphy's forms work too: `inspect model FILE [--display-as trt]`,
+    `inspect data FILE` (inputs or outputs saved with --save-inputs/--save-outputs)."""
+    from bisector.errors import UsageError
 
     setup_logging(verbose)
-    cat = Catalog.load(model)
-    doc = describe(cat, _original_names(Path(model)))
-    machine = json_out is not None and str(json_out) == "-"
+    if what in ("model", "data") and path is not None:
+        kind, model = what, path
+    elif path is not None:
+        raise UsageError(f"inspect {what} {path}: expected `inspect MODEL`, `inspect model FILE` or `inspect data FILE`")
+    else:
+        kind, model = "model", Path(what)
+    if kind == "data":
+        _print_data(model)
+        return
+    api.check_model(model, None, command="inspect model")
+    if display_as not in (None, "onnx", "trt"):
+        raise UsageError(f"--display-as {display_as!r}: choose onnx or trt")
+    if mode not in (None, "none", "basic", "layers", "attrs", "full"):
+        raise UsageError(f"--mode {mode!r}: choose none, basic, layers, attrs or full")
+    doc = api.inspect(model)
     if json_out is not None:
-        text = json.dumps(doc, indent=2) + "\n"
-        if machine:
-            sys.stdout.write(text)
+        write_json(json_out, json.dumps(doc, indent=2) + "\n")
+    if json_out is None or str(json_out) != "-":
+        if display_as == "trt":
+            _print_trt(model, mode, show or [])
         else:
-            write_text_atomic(json_out, text)
-    if not machine:
-        _print(doc)
+            _print(doc)
 
 
-def describe(cat, original_names: list[str] | None = None) -> dict[str, Any]:
-    """Everything `inspect` shows, as plain data. `original_names`: node names as stored in the file (by
-    position), to tell names the model gave from names the catalog assigned."""
-    import onnx
-
-    graph = cat.model.graph
-    inits = {i.name for i in graph.initializer}
-    nodes = []
-    for i, node in enumerate(graph.node):
-        given = original_names[i] if original_names is not None and i < len(original_names) else node.name
-        if given == node.name:
-            source, layer = "model", node.name
-        elif not given:
-            # TensorRT's ONNX parser names a layer after its node, and an unnamed node `node_of_<first output>`:
-            # the catalog assigns the same name, so it is the layer name too (unless it had to be made unique).
-            source = "assigned"
-            layer = node.name if node.output and node.name == f"node_of_{node.output[0]}" else None
-        else:
-            source, layer = "renamed (duplicate name in the model)", None
-        status = "candidate" if node.name in cat.candidates else ("pinned" if node.name in cat.pinned else "skipped")
-        nodes.append({"index": i, "name": node.name, "op": node.op_type, "domain": node.domain or "ai.onnx",
-                      "status": status, "reason": cat.pinned.get(node.name), "name_source": source,
-                      "tensorrt_layer": layer})
-    by_op: dict[str, Counter] = {}
-    for n in nodes:
-        by_op.setdefault(n["op"], Counter())[n["status"]] += 1
-    histogram = [{"op": op, "count": sum(c.values()), "candidates": c["candidate"], "pinned": c["pinned"],
-                  "skipped": c["skipped"]} for op, c in sorted(by_op.items(), key=lambda kv: (-sum(kv[1].values()), kv[0]))]
-
-    def io(vi) -> dict[str, Any]:
-        t = vi.type.tensor_type
-        dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in t.shape.dim] \
-            if t.HasField("shape") else None
-        return {"name": vi.name, "dtype": onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name if t.elem_type else "?",
-                "shape": dims}
-
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "model": str(cat.path), "model_sha256": cat.sha256, "opset": cat.opset, "ir_version": cat.model.ir_version,
-        "producer": " ".join(p for p in (cat.model.producer_name, cat.model.producer_version) if p) or None,
-        "nodes_total": len(graph.node), "candidates": list(cat.candidates), "pinned": dict(cat.pinned),
-        "inputs": [io(vi) for vi in graph.input if vi.name not in inits],
-        "outputs": [io(vi) for vi in graph.output],
-        "op_histogram": histogram, "nodes": nodes,
-        "notes": [
-            "skipped: Constant, Shape and Cast nodes and nodes without a floating-point tensor; never FP16 candidates.",
-            "tensorrt_layer: the name TensorRT's ONNX parser gives the node's layer; one node may become several "
-            "layers whose names start with it. null where TensorRT's name cannot be known (a duplicate node name).",
-        ],
-    }
+def _print_trt(model: Path, mode: Optional[str], show: list[str]) -> None:
+    """Polygraphy's `inspect model --display-as=trt` layout."""
+    net = api.trt_network(model)
+    say = typer.echo
+    say("[I] ==== TensorRT Network (predicted from the ONNX parser's naming; no TensorRT used) ====")
+    say(f"    Name: {net['name']} | Explicit Batch Network")
+    for kind, title in (("inputs", "Network Input(s)"), ("outputs", "Network Output(s)")):
+        say("")
+        say(f"    ---- {len(net[kind])} {title} ----")
+        for x in net[kind]:
+            say(f"    {{{x['name']} [dtype={x['dtype']}, shape={tuple(x['shape'] or ())}]}}")
+    say("")
+    say(f"    ---- {len(net['layers'])} Layer(s) ----")
+    if mode in ("layers", "attrs", "full") or "layers" in show or "attrs" in show:
+        for i, layer in enumerate(net["layers"]):
+            pinned = f" (pinned FP32: {layer['pinned']})" if layer["pinned"] else ""
+            say(f"    Layer {i:<4} | {layer['name']} [Op: {layer['op']}] {layer['metadata']}{pinned}")
+            say(f"        {{{', '.join(layer['inputs'])}}}")
+            say(f"         -> {{{', '.join(layer['outputs'])}}}")
 
 
-def _original_names(path: Path) -> list[str] | None:
-    import onnx
+def _print_data(path: Path) -> None:
+    """Polygraphy's `inspect data`: what an inputs or outputs file holds."""
+    doc = api.inspect_data(path)
 
-    try:
-        return [n.name for n in onnx.load(str(path), load_external_data=False).graph.node]
-    except Exception:
-        return None
+    def line(a: dict) -> str:
+        stats = (f" | Stats: mean={a['mean']:.5g}, min={a['min']:.5g}, max={a['max']:.5g}" if "mean" in a else "")
+        return f"        {a['name']} [dtype={a['dtype']}, shape={tuple(a['shape'])}]{stats}"
+
+    if doc["kind"] == "inputs":
+        typer.echo(f"[I] ==== Data ({len(doc['iterations'])} iteration(s)) ====")
+        for i, arrays in enumerate(doc["iterations"]):
+            typer.echo(f"    Iteration {i}:")
+            for a in arrays:
+                typer.echo(line(a))
+    else:
+        typer.echo(f"[I] ==== Run Results ({len(doc['runners'])} runner(s)) ====")
+        for r in doc["runners"]:
+            typer.echo(f"    ---- {r['name']} ({len(r['iterations'])} iteration(s); precision: {r['precision']}) ----")
+            for i, arrays in enumerate(r["iterations"]):
+                for a in arrays:
+                    typer.echo(line({**a, "name": f"[{i}] {a['name']}"}))
 
 
 def _print(doc: dict[str, Any]) -> None:

@@ -1,150 +1,119 @@
-"""`bisector run`: evaluate one configuration against golden."""
+"""`bisector run`: evaluate one configuration against golden — or, with Polygraphy's runners (`--onnxrt`, `--trt`),
+run and compare them as `polygraphy run` does."""
 
 from __future__ import annotations
 
 import json
-import logging
 import time
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Optional
 
 import typer
 
-from bisector.cli.options import (
-    Atol,
-    BackendOpt,
-    CacheDir,
-    ErrorQuantile,
-    ErrorStat,
-    Fp16,
-    InputShapes,
-    Iterations,
-    JsonOut,
-    LoadInputs,
-    LoadOutputs,
-    LoadTimingCache,
-    Model,
-    NoCache,
-    OptLevel,
-    PrecisionConstraints,
-    Rtol,
-    SaveEngines,
-    SaveInputs,
-    SaveTimingCache,
-    Seed,
-    StronglyTyped,
-    TacticSources,
-    ValRange,
-    Verbose,
-    human_output,
-    job_options,
-    setup_logging,
-    write_json,
-)
-from bisector.errors import UsageError
+from bisector.app.options import (BackendChoice, Cache, Comparison, Inputs, PolyLogging, Runners, Tolerances,
+                                  TrtBuilder)
+from bisector.cli.options import (ConstraintsIn, Fp32Nodes, JsonOut, Model, Verbose, command, human_output,
+                                  setup_logging, write_json)
 
-log = logging.getLogger("bisector")
+MarkAll = Annotated[bool, typer.Option("--mark-all", help="Compare every intermediate tensor, with a first-divergence "
+                                       "trace (emulate only).")]
+SaveOutputs = Annotated[Optional[Path], typer.Option("--save-outputs", "--save-results",
+                                                     help="Save the outputs as Polygraphy RunResults JSON: one runner "
+                                                     "each (onnxrt-runner-N0-… = FP32 golden, trt-runner-N0-… = the "
+                                                     "plan), with their provenance.", rich_help_panel="Output")]
+Fp16Opt = Annotated[Optional[bool], typer.Option("--fp16", help="FP16 for the layers not kept FP32 (with --trt: as "
+                                                 "in TensorRT, without it the --trt runner builds FP32; without "
+                                                 "runners FP16 is the default).", rich_help_panel="Runners (Polygraphy)",
+                                                 show_default=False)]
 
 
-def run(
-    model: Model,
-    fp16: Fp16 = True,
-    fp32: Annotated[Optional[list[str]], typer.Option("--fp32", help="Nodes to keep in FP32 (space-separated).")] = None,
-    constraints: Annotated[Optional[Path], typer.Option("--constraints", help="Keep the fp32_nodes of a constraints.json in FP32.")] = None,
-    mark_all: Annotated[bool, typer.Option("--mark-all", help="Compare every intermediate tensor, with a first-divergence trace (emulate only).")] = False,
-    atol: Atol = None,
-    rtol: Rtol = None,
-    check_error_stat: ErrorStat = None,
-    error_quantile: ErrorQuantile = 0.99,
-    val_range: ValRange = None,
-    input_shapes: InputShapes = None,
-    seed: Seed = 1,
-    iterations: Iterations = 1,
-    load_inputs: LoadInputs = None,
-    save_inputs: SaveInputs = None,
-    load_outputs: LoadOutputs = None,
-    save_outputs: Annotated[Optional[Path], typer.Option("--save-outputs", help="Save this configuration's outputs as Polygraphy RunResults JSON.")] = None,
-    backend: BackendOpt = "emulate",
-    precision_constraints: PrecisionConstraints = "obey",
-    strongly_typed: StronglyTyped = False,
-    load_timing_cache: LoadTimingCache = None,
-    save_timing_cache: SaveTimingCache = None,
-    builder_optimization_level: OptLevel = None,
-    tactic_sources: TacticSources = None,
-    save_engines: SaveEngines = None,
-    cache_dir: CacheDir = None,
-    no_cache: NoCache = False,
-    json_out: JsonOut = None,
-    verbose: Verbose = False,
-) -> None:
-    """Evaluate one configuration against golden and print a Polygraphy-style comparison per output."""
-    from bisector.artifacts.constraints import Constraints
-    from bisector.files import write_text_atomic
-    from bisector.fp16.plan import Plan
-    from bisector.model.polyjson import run_results_to_json
-    from bisector.artifacts.report_text import first_divergence, format_comparison
-    from bisector.app.job import build_job
+@command(Inputs, Tolerances, BackendChoice, Cache, Runners, Comparison, TrtBuilder, PolyLogging)
+def run(model: Model, fp16: Fp16Opt = None, fp32: Fp32Nodes = None, constraints: ConstraintsIn = None,
+        mark_all: MarkAll = False, save_outputs: SaveOutputs = None, json_out: JsonOut = None,
+        verbose: Verbose = False, *, opts) -> None:
+    """Evaluate one configuration against golden and print a Polygraphy-style comparison per output.
+
+    With `--onnxrt` and/or `--trt` it is Polygraphy's `run`: `--onnxrt` runs the FP32 reference, `--trt` the
+    reduced-precision runner on --backend (FP32 unless --fp16/--bf16); with both they are compared."""
+    from bisector.cli.argv import current_argv
 
     setup_logging(verbose)
-    if mark_all and backend != "emulate":
-        raise UsageError("--mark-all needs --backend emulate (other backends expose only graph outputs)")
-    job = build_job(job_options(locals()))
-    cat = job.catalog
+    opts[PolyLogging].apply()
+    runners: Runners = opts[Runners]
+    started = time.perf_counter()
+    if runners.gen_script is not None:
+        _gen_script(runners.gen_script)
+        return
+    from bisector.app import api
+
+    api.check_model(Path(model), runners.model_type)
+    if runners.onnxrt or runners.trt:
+        _polyrun(model, fp16, fp32, constraints, save_outputs, json_out, opts, started, current_argv())
+    _evaluate(model, fp16, fp32, constraints, mark_all, save_outputs, json_out, opts)
+
+
+def _evaluate(model, fp16, fp32, constraints, mark_all, save_outputs, json_out, opts) -> None:
+    from bisector.app import api
+
+    runners: Runners = opts[Runners]
     wanted = list(fp32 or [])
-    if constraints is not None:
-        wanted += Constraints.read(constraints).fp32_nodes
-    unknown = cat.unknown(wanted)
-    if unknown:
-        raise UsageError(f"--fp32/--constraints name node(s) not in the model: {unknown}")
-    pinned = [n for n in wanted if n in cat.pinned]
-    if pinned:
-        log.warning("already FP32 (pinned, not candidates): %s", pinned)
-    plan = Plan(frozenset(n for n in wanted if n in cat.candidates), cat.candidates)
+    if runners.layer_precisions or runners.trt_npps or runners.bf16:
+        from bisector.errors import UsageError
 
-    from bisector.compare import compare_outputs
-
+        if runners.bf16:
+            raise UsageError("--bf16 applies to the --trt runner: add --trt (and --onnxrt to compare)")
+        wanted += sorted(api.fp32_from_flags(model, [], None, runners, "fp16"))
+    r = api.evaluate(model, wanted, constraints=constraints, mark_all=mark_all or runners.trt_outputs == ["*"],
+                     save_outputs=save_outputs, inputs=opts[Inputs], tolerances=opts[Tolerances],
+                     backend=opts[BackendChoice], cache=opts[Cache])
     say = human_output(json_out)
-    report: dict[str, Any] = {"passed": True, "outputs": {}}
-    all_outs, runtimes = [], []
-    for i, (feeds, golden) in enumerate(zip(job.feeds_list, job.golden.outputs)):
-        t0 = time.perf_counter()
-        if mark_all:
-            actual_all = job.backend.run_all(plan, feeds)
-            reference = job.backend.reference(feeds)
-            names = [t for n in cat.model.graph.node if n.op_type != "Constant" for t in n.output
-                     if t and t not in golden and reference[t].dtype.kind in "fb"]
-            expected = {**{t: reference[t] for t in names}, **golden}
-            actual = {t: actual_all[t] for t in expected}
-        else:
-            actual = job.backend.run(plan, feeds, list(golden))
-            expected = golden
-        runtimes.append(time.perf_counter() - t0)
-        all_outs.append({k: actual[k] for k in golden})
-        results = compare_outputs(actual, expected, job.tolerance, keep_diff=True)
-        graph_results = {k: results[k] for k in golden}
-        ordered = _topological(cat, results) if mark_all else list(graph_results)
-        say(f"Input set {i}: {len(plan.fp32)} FP32 node(s), {len(plan.fp16)} FP16 node(s)")
-        for name in ordered:
-            say(format_comparison(results[name]))
-        if mark_all:
-            say(first_divergence(cat, results))
-        passed = all(r.passed for r in graph_results.values())
-        report["passed"] = report["passed"] and passed
-        for name, r in results.items():
-            prev = report["outputs"].get(name)
-            if prev is None or (prev["passed"] and not r.passed):
-                report["outputs"][name] = r.to_json()
-    job.close()
-    if save_outputs is not None:
-        write_text_atomic(save_outputs, run_results_to_json(f"bisector-{backend}", all_outs, runtimes))
+    report: dict = {"passed": r.passed, "outputs": {}}
+    for i, comparisons in enumerate(r.comparisons):
+        say(f"Input set {i}: {len(r.plan.fp32)} FP32 node(s), {len(r.plan.fp16)} FP16 node(s)")
+        for c in comparisons.values():
+            say(api.format_comparison(c))
+            prev = report["outputs"].get(c.name)
+            if prev is None or (prev["passed"] and not c.passed):
+                report["outputs"][c.name] = c.to_json()
+        if r.first_divergence:
+            say(r.first_divergence[i])
     if json_out is not None:
         write_json(json_out, json.dumps(report, indent=2) + "\n")
-    say("PASSED" if report["passed"] else "FAILED")
-    raise typer.Exit(0 if report["passed"] else 1)
+    say("PASSED" if r.passed else "FAILED")
+    raise typer.Exit(0 if r.passed else 1)
 
 
-def _topological(cat, results) -> list[str]:
-    order = [t for n in cat.model.graph.node for t in n.output if t in results]
-    return order + [k for k in results if k not in order]
+def _polyrun(model, fp16, fp32, constraints, save_outputs, json_out, opts, started, argv) -> None:
+    from bisector.app import api
+
+    runners: Runners = opts[Runners]
+    precision = "bf16" if runners.bf16 else ("fp16" if fp16 else None)
+    r = api.polyrun(model, fp32 or [], constraints=constraints, precision=precision, runners=runners,
+                comparison=opts[Comparison], trt_builder=opts[TrtBuilder], save_outputs=save_outputs,
+                inputs=opts[Inputs], tolerances=opts[Tolerances], backend=opts[BackendChoice], cache=opts[Cache])
+    say = human_output(json_out)
+    shown = "bisector " + " ".join(argv) if argv else "bisector run"
+    say(f"[I] RUNNING | Command: {shown}")
+    for line in r.report:
+        say(line)
+    runtime = time.perf_counter() - started
+    say(f"[{'I' if r.passed else 'E'}] {'PASSED' if r.passed else 'FAILED'} | Runtime: {runtime:.3f}s | "
+        f"Command: {shown}")
+    if json_out is not None:
+        doc = {"passed": r.passed, "runners": [{"name": x.name, "precision": x.precision, **x.provenance}
+                                              for x in r.runners],
+               "comparisons": [{"runner": p.runner, "reference": p.reference, "passed": p.passed,
+                                "iterations": [{k: c.to_json() for k, c in it.items()} for it in p.iterations]}
+                               for p in r.pairs],
+               "invalid": r.invalid, "no_effect": r.no_effect}
+        write_json(json_out, json.dumps(doc, indent=2, default=str) + "\n")
+    raise typer.Exit(0 if r.passed else 1)
 
 
+def _gen_script(path: Path) -> None:
+    """Polygraphy's --gen-script: a Python script that reproduces this run, written instead of running."""
+    from bisector.app import api
+    from bisector.cli.argv import current_argv
+
+    api.gen_script(path, current_argv())
+    typer.echo(f"[I] Writing script to: {path}")

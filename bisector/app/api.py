@@ -1,0 +1,31 @@
+"""The public API: what build scripts, notebooks and the CLI's commands call. `import bisector` re-exports it.
+
+    import bisector
+    result = bisector.precision("net.onnx", atol=1e-1, val_range={"x": (1, 2)}, output_dir="out")
+    result.fp32_nodes, result.passed, result.minimal, result.constraints.headroom
+"""
+
+from __future__ import annotations
+
+from bisector.app.batch import BatchConfig, BatchResult, ModelEntry, load_config, run_batch
+from bisector.app.convert import convert
+from bisector.app.debug import Candidate, Check, DebugResult, debug_precision
+from bisector.app.evaluate import EvaluateResult, evaluate
+from bisector.app.inspect import inspect, inspect_data, trt_network
+from bisector.app.polyrun import PolyRunResult, check_model, fp32_from_flags, gen_script, polyrun
+from bisector.app.options import BackendChoice, Cache, Inputs, Search, Tolerances
+from bisector.app.precision import PrecisionResult, precision
+from bisector.app.profile import ProfileResult, profile
+from bisector.app.verify import VerifyResult, verify
+from bisector.artifacts.junit import Case, Suite  # result presentation the commands share
+from bisector.artifacts.report_text import format_comparison
+from bisector.sensitivity import profile_document
+
+__all__ = [
+    "precision", "verify", "evaluate", "profile", "inspect", "run_batch", "load_config",
+    "PrecisionResult", "VerifyResult", "EvaluateResult", "ProfileResult", "BatchConfig", "BatchResult", "ModelEntry",
+    "Inputs", "Tolerances", "BackendChoice", "Cache", "Search", "Suite", "Case", "format_comparison",
+    "profile_document", "polyrun", "PolyRunResult", "check_model", "fp32_from_flags", "convert", "inspect_data",
+    "trt_network", "gen_script",
+    "debug_precision", "DebugResult", "Candidate", "Check",
+]

@@ -1,0 +1,168 @@
+"""`run_batch`: several models from one nightly config, each searched or verified through the API.
+
+    [defaults]                       # flags every model gets (Polygraphy spelling, as on the command line)
+    args = ["--fp16", "--atol", "1e-1"]
+    output_dir = "nightly_out"
+
+    [[model]]
+    name = "seed"                    # optional; default: the file's stem
+    path = "fixtures/needs_constraints.onnx"
+    mode = "precision"               # precision (search) | verify (check a recorded set)
+    args = ["--val-range", "x:[1,2]"]
+    expect_fp32 = ["Add", "Sub"]     # optional: a different set found is a regression
+
+Relative paths are resolved against the config file's folder. A model's error (exit 2/3) is recorded and the
+batch goes on with the next one. `args` are command-line flags: whoever runs the batch turns them into options
+(`parse_args`; the CLI uses its own flag parser), so the config means exactly what the flags mean.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from bisector.errors import BisectorError, UsageError
+
+log = logging.getLogger("bisector")
+
+
+class ModelEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    path: Path
+    name: Optional[str] = None
+    mode: Literal["precision", "verify"] = "precision"
+    args: list[str] = []
+    constraints: Optional[Path] = None
+    expect_fp32: Optional[list[str]] = None
+
+
+class Defaults(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    args: list[str] = []
+    output_dir: Path = Path("bisector_batch")
+
+
+class BatchConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    defaults: Defaults = Defaults()
+    model: list[ModelEntry]
+
+
+# A name becomes a folder under output_dir: letters, digits and ._- only, and not a path of its own.
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
+
+
+def load_config(path: str | Path) -> BatchConfig:
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"config file not found: {path}") from None
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path} is not valid TOML ({exc})") from None
+    try:
+        config = BatchConfig.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise UsageError(f"{path}: invalid batch config ({problems})") from None
+    base = path.parent
+    names = set()
+    for entry in config.model:
+        entry.path = entry.path if entry.path.is_absolute() else base / entry.path
+        if entry.constraints is not None and not entry.constraints.is_absolute():
+            entry.constraints = base / entry.constraints
+        entry.name = entry.name or entry.path.stem
+        if not _SAFE_NAME.match(entry.name) or entry.name in (".", ".."):
+            raise UsageError(f"{path}: model name {entry.name!r} cannot be a folder name under output_dir; give it a "
+                             "`name` of letters, digits, '.', '_' and '-'")
+        if entry.name in names:
+            raise UsageError(f"{path}: two models are named {entry.name!r}; give them distinct `name`s")
+        names.add(entry.name)
+        if entry.mode == "verify" and entry.constraints is None:
+            raise UsageError(f"{path}: model {entry.name!r} has mode verify but no `constraints` file")
+    if not config.defaults.output_dir.is_absolute():
+        config.defaults.output_dir = base / config.defaults.output_dir
+    return config
+
+
+@dataclass
+class ModelOutcome:
+    name: str
+    mode: str
+    exit_code: int
+    status: str
+    seconds: float
+    fp32_nodes: list[str] | None = None
+    regression: str = ""
+    error: str = ""
+    outputs: dict[str, Any] = field(default_factory=dict)  # OutputComparison per output (final plan)
+    missing_nodes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "mode": self.mode, "exit_code": self.exit_code, "status": self.status,
+                "seconds": self.seconds, "fp32_nodes": self.fp32_nodes, "regression": self.regression,
+                "error": self.error, "missing_nodes": self.missing_nodes,
+                "outputs": {k: v.to_json() for k, v in self.outputs.items()}}
+
+
+@dataclass
+class BatchResult:
+    models: list[ModelOutcome]
+
+    @property
+    def exit_code(self) -> int:
+        codes = [m.exit_code for m in self.models]
+        return next((c for c in (3, 2, 1) if c in codes), 0)
+
+
+STATUS = {0: "ok", 1: "REGRESSED", 2: "ERROR (input)", 3: "ERROR (backend)"}
+
+
+def run_batch(config: BatchConfig, parse_args: Callable[[str, list[str]], dict[str, Any]],
+              only: list[str] | None = None, on_model: Callable[[ModelEntry], None] | None = None) -> BatchResult:
+    """Run every entry (or those named in `only`). `parse_args(mode, args)` turns an entry's flags into API
+    keyword options."""
+    from bisector.app.precision import precision
+    from bisector.app.verify import verify
+
+    entries = [e for e in config.model if not only or e.name in only]
+    if only and len(entries) != len(set(only)):
+        known = [e.name for e in config.model]
+        raise UsageError(f"--only names unknown model(s) {sorted(set(only) - set(known))}; the config has {known}")
+    outcomes = []
+    for e in entries:
+        assert e.name is not None
+        if on_model is not None:
+            on_model(e)
+        t0 = time.perf_counter()
+        outcome = ModelOutcome(e.name, e.mode, 0, "ok", 0.0)
+        try:
+            options = parse_args(e.mode, [*config.defaults.args, *e.args])
+            if e.mode == "precision":
+                r = precision(e.path, output_dir=config.defaults.output_dir / e.name, **options)
+                outcome.fp32_nodes, outcome.outputs = r.fp32_nodes, r.verdict.outputs
+                outcome.exit_code = 0 if r.passed else 1
+                if r.passed and e.expect_fp32 is not None and sorted(e.expect_fp32) != sorted(r.fp32_nodes):
+                    outcome.regression = (f"FP32 set changed: expected {sorted(e.expect_fp32)}, found "
+                                          f"{sorted(r.fp32_nodes)}")
+                    outcome.exit_code = 1
+            else:
+                assert e.constraints is not None
+                v = verify(e.path, e.constraints, **options)
+                outcome.fp32_nodes, outcome.outputs = v.fp32_nodes, v.verdict.outputs
+                outcome.missing_nodes = v.missing_nodes
+                outcome.exit_code = 0 if v.passed else 1
+        except BisectorError as exc:
+            outcome.exit_code, outcome.error = exc.exit_code, str(exc)
+            log.error("%s: %s", e.name, exc)
+        outcome.seconds = time.perf_counter() - t0
+        outcome.status = STATUS.get(outcome.exit_code, f"exit {outcome.exit_code}")
+        outcomes.append(outcome)
+    return BatchResult(outcomes)

@@ -1,0 +1,125 @@
+"""`inspect`: what the catalog sees in a model, before any search — as plain data."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from bisector.model.catalog import Catalog
+
+SCHEMA_VERSION = 1
+
+
+def inspect(model: str | Path) -> dict[str, Any]:
+    """Candidates, pinned nodes (with reasons), the op histogram, graph inputs and outputs with shapes and
+    dtypes, and the TensorRT layer name each node will have."""
+    return describe(Catalog.load(Path(model)), _original_names(Path(model)))
+
+
+def describe(cat, original_names: list[str] | None = None) -> dict[str, Any]:
+    """Everything `inspect` shows, as plain data. `original_names`: node names as stored in the file (by
+    position), to tell names the model gave from names the catalog assigned."""
+    import onnx
+
+    graph = cat.model.graph
+    inits = {i.name for i in graph.initializer}
+    nodes = []
+    for i, node in enumerate(graph.node):
+        given = original_names[i] if original_names is not None and i < len(original_names) else node.name
+        if given == node.name:
+            source, layer = "model", node.name
+        elif not given:
+            # TensorRT's ONNX parser names a layer after its node, and an unnamed node `node_of_<first output>`:
+            # the catalog assigns the same name, so it is the layer name too (unless it had to be made unique).
+            source = "assigned"
+            layer = node.name if node.output and node.name == f"node_of_{node.output[0]}" else None
+        else:
+            source, layer = "renamed (duplicate name in the model)", None
+        status = "candidate" if node.name in cat.candidates else ("pinned" if node.name in cat.pinned else "skipped")
+        nodes.append({"index": i, "name": node.name, "op": node.op_type, "domain": node.domain or "ai.onnx",
+                      "status": status, "reason": cat.pinned.get(node.name), "name_source": source,
+                      "tensorrt_layer": layer})
+    by_op: dict[str, Counter] = {}
+    for n in nodes:
+        by_op.setdefault(n["op"], Counter())[n["status"]] += 1
+    histogram = [{"op": op, "count": sum(c.values()), "candidates": c["candidate"], "pinned": c["pinned"],
+                  "skipped": c["skipped"]} for op, c in sorted(by_op.items(), key=lambda kv: (-sum(kv[1].values()), kv[0]))]
+
+    def io(vi) -> dict[str, Any]:
+        t = vi.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in t.shape.dim] \
+            if t.HasField("shape") else None
+        return {"name": vi.name, "dtype": onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name if t.elem_type else "?",
+                "shape": dims}
+
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "model": str(cat.path), "model_sha256": cat.sha256, "opset": cat.opset, "ir_version": cat.model.ir_version,
+        "producer": " ".join(p for p in (cat.model.producer_name, cat.model.producer_version) if p) or None,
+        "nodes_total": len(graph.node), "candidates": list(cat.candidates), "pinned": dict(cat.pinned),
+        "inputs": [io(vi) for vi in graph.input if vi.name not in inits],
+        "outputs": [io(vi) for vi in graph.output],
+        "op_histogram": histogram, "nodes": nodes,
+        "notes": [
+            "skipped: Constant, Shape and Cast nodes and nodes without a floating-point tensor; never FP16 candidates.",
+            "tensorrt_layer: the name TensorRT's ONNX parser gives the node's layer; one node may become several "
+            "layers whose names start with it. null where TensorRT's name cannot be known (a duplicate node name).",
+        ],
+    }
+
+
+def _original_names(path: Path) -> list[str] | None:
+    import onnx
+
+    try:
+        return [n.name for n in onnx.load(str(path), load_external_data=False).graph.node]
+    except Exception:
+        return None
+
+
+def trt_network(model: str | Path) -> dict[str, Any]:
+    """The network as TensorRT's ONNX parser would build it (layer names predicted from its naming; no TensorRT):
+    what Polygraphy's `inspect model --display-as=trt` shows."""
+    from bisector.backends.trt_layers import predict_layers
+
+    cat = Catalog.load(Path(model))
+    doc = describe(cat)
+    layers = [{"name": layer.name, "op": layer.op_type, "metadata": layer.metadata, "node": layer.owner,
+               "inputs": list(layer.inputs), "outputs": list(layer.outputs), "pinned": cat.pinned.get(layer.owner)}
+              for layer in predict_layers(cat)]
+    return {"name": cat.model.graph.name, "inputs": doc["inputs"], "outputs": doc["outputs"], "layers": layers}
+
+
+def inspect_data(path: str | Path) -> dict[str, Any]:
+    """What a Polygraphy inputs file (a list of feed dicts) or RunResults file holds: per iteration and runner,
+    each array's dtype, shape and stats; runners with their precision (provenance)."""
+    import json
+
+    import numpy as np
+
+    from bisector.errors import UsageError
+    from bisector.model.polyjson import decode_array, runner_precision
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise UsageError(f"file not found: {path}") from None
+    except ValueError as exc:
+        raise UsageError(f"{path} is not valid JSON ({exc})") from None
+
+    def describe_array(name: str, obj: dict) -> dict[str, Any]:
+        a = decode_array(obj, f"{path}:{name}")
+        stats = ({"mean": float(np.mean(a)), "min": float(np.min(a)), "max": float(np.max(a))}
+                 if a.size and a.dtype.kind in "fiub" else {})
+        return {"name": name, "dtype": str(a.dtype), "shape": list(a.shape), **stats}
+
+    if isinstance(data, list):
+        return {"kind": "inputs", "iterations": [[describe_array(k, v) for k, v in feeds.items()] for feeds in data]}
+    if isinstance(data, dict) and data.get("polygraphy_class") == "RunResults":
+        provenance = (data.get("bisector") or {}).get("runners", {})
+        return {"kind": "outputs", "runners": [
+            {"name": name, "precision": runner_precision(name, provenance),
+             "iterations": [[describe_array(k, v) for k, v in it.get("outputs", {}).items()] for it in iterations]}
+            for name, iterations in data["lst"]]}
+    raise UsageError(f"{path}: neither Polygraphy inputs (a list) nor RunResults")

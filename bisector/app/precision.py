@@ -1,0 +1,242 @@
+"""`precision`: search the minimal FP32 set, verify it, and write the artifacts of the final set."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+from bisector import __version__
+from bisector.app.job import Job, build_job
+from bisector.app.options import BackendChoice, Cache, Inputs, Search, Tolerances, split_options
+from bisector.artifacts.constraints import Constraints, Evaluations, Golden
+from bisector.errors import UsageError
+from bisector.files import ensure_dir
+from bisector.budget import Budget
+from bisector.search.driver import SearchResult, run_search
+from bisector.search.judge import Verdict
+
+log = logging.getLogger("bisector")
+
+
+class SearchObserver(Protocol):
+    """What a live display implements to follow a search (the CLI's SearchProgress does)."""
+
+    def begin(self, candidates: int) -> None: ...
+
+    def on_verdict(self, verdict: Verdict) -> None: ...
+
+    def __call__(self, event: dict) -> None: ...  # the strategies' progress events
+
+    def end(self) -> None: ...
+
+
+@dataclass
+class PrecisionResult:
+    """The outcome of a search: the set (in topological order), whether it passed and is proven 1-minimal,
+    the final verdict, the constraints record and where the artifacts went (None: not written)."""
+
+    fp32_nodes: list[str]
+    passed: bool
+    minimal: bool
+    verdict: Verdict
+    constraints: Constraints
+    artifacts: dict[str, Path] | None
+    stop_reason: str | None = None
+
+
+def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: bool = False,
+              on_verdict: Callable[[Verdict], None] | None = None, progress: SearchObserver | None = None,
+              inputs: Inputs | None = None, tolerances: Tolerances | None = None,
+              backend: BackendChoice | None = None, cache: Cache | None = None, search: Search | None = None,
+              **options: Any) -> PrecisionResult:
+    """Search the minimal set of nodes of `model` to keep in FP32.
+
+    Options come as typed groups (`inputs=Inputs(...)`) or flat keywords named like the flags (`atol=0.1`,
+    `val_range={"x": (1, 2)}`, `strategy="auto"`, `max_evals=20`). `output_dir`: write constraints.json,
+    add_constraints.py, model.mixed.onnx, layer-precision strings and report.md there (None: no files).
+    `plot`: also profile.json/profile.png (emulate; costs a sensitivity profile). `progress`: a SearchObserver
+    (the CLI's live display), `on_verdict`: called with every verdict.
+    """
+    groups = split_options(options, Inputs=inputs, Tolerances=tolerances, BackendChoice=backend, Cache=cache,
+                           Search=search)
+    s: Search = groups[Search]
+    budget = Budget(max_evals=s.max_evals, time_limit=s.time_limit)  # the whole command's clock starts here
+    if output_dir is not None:
+        ensure_dir(Path(output_dir))  # fail on an unwritable -o before hours of search
+    confirm = None
+    if s.confirm_on is not None:  # a missing GPU package is exit 2 now, not after the search
+        from bisector.backends import backend_factory
+
+        confirm = dataclasses.replace(groups[BackendChoice], backend=s.confirm_on)
+        backend_factory(confirm.backend, **confirm.backend_options(groups[Inputs].input_shapes))
+    t0 = time.perf_counter()
+    job = build_job(Path(model), groups[Inputs], groups[Tolerances], groups[BackendChoice], groups[Cache])
+    journal = None
+    try:
+        t_setup = time.perf_counter() - t0
+        cat = job.catalog
+        log.info("%s: %d candidates, %d pinned; golden %s", cat.path.name, len(cat.candidates), len(cat.pinned),
+                 job.golden.source)
+        hints, profile_nodes, t_profile = {}, None, 0.0
+        if s.scores == "profile":
+            t1 = time.perf_counter()
+            profile_nodes = _profile(job)
+            t_profile = time.perf_counter() - t1
+            hints["scores"] = {n["name"]: n["score"] for n in profile_nodes}
+        elif s.scores is not None:
+            hints["scores"] = _load_scores(s.scores, cat.candidates)
+        from bisector.costs import node_costs
+
+        costs = node_costs(cat.model)  # estimated FP32 cost per node (reported; the objective with --objective flops)
+        if s.objective == "flops":
+            hints["costs"] = {n: costs.get(n, 1.0) for n in cat.candidates}
+        start = _start_set(s.start_from, cat) if s.start_from is not None else None
+        journal = job.journal(resume=s.resume)
+        observers = [f for f in (on_verdict, progress.on_verdict if progress is not None else None) if f]
+        oracle = job.oracle(budget=budget, journal=journal, on_verdict=lambda v: [f(v) for f in observers])
+        if progress is not None:
+            progress.begin(len(cat.candidates))
+        try:
+            result = run_search(oracle, s.strategy, {"direction": s.direction}, hints=hints, progress=progress,
+                                start=start)
+        finally:
+            if progress is not None:
+                progress.end()
+        confirmed_on = None
+        if confirm is not None and result.passed:
+            result = _confirm(Path(model), groups, confirm, s, result)
+            confirmed_on = confirm.backend
+        extra_report, t_plot = "", 0.0
+        if plot and output_dir is not None:
+            if job.backend.name != "emulate":
+                log.warning("--plot needs --backend emulate: profile.png not written")
+            elif budget.spent():
+                log.warning("--time-limit spent: profile.png not written")
+            else:
+                t1 = time.perf_counter()
+                extra_report = _write_profile_artifacts(job, Path(output_dir), result.fp32, profile_nodes)
+                t_plot = time.perf_counter() - t1
+        timings = {"setup": t_setup, "profile": t_profile, "search": result.seconds,
+                   "backend_run": sum(v.seconds.get("run", 0.0) for v in oracle.history),
+                   "compare": sum(v.seconds.get("compare", 0.0) for v in oracle.history), "plot": t_plot}
+        constraints = _constraints(job, Path(model), result, s.strategy, timings)
+        constraints.confirmed_on = confirmed_on
+        constraints.objective = s.objective
+        constraints.fp32_cost = {"set": sum(costs.get(n, 1.0) for n in result.fp32),
+                                 "all_candidates": sum(costs.get(n, 1.0) for n in cat.candidates)}
+        paths = None
+        if output_dir is not None:
+            from bisector.artifacts.write import write_artifacts
+
+            t1 = time.perf_counter()
+            paths = write_artifacts(Path(output_dir), cat, constraints, extra_report)
+            timings["artifacts"] = time.perf_counter() - t1
+        if result.stop_reason:
+            log.warning("search stopped early (%s): reporting the best passing set found so far", result.stop_reason)
+        order = {n: i for i, n in enumerate(cat.candidates)}
+        return PrecisionResult(sorted(result.fp32, key=order.__getitem__), result.passed, result.minimal,
+                               result.verdict, constraints, paths, result.stop_reason)
+    finally:
+        job.close()
+        if journal is not None:
+            journal.close()
+
+
+def _confirm(model: Path, groups: dict, confirm: BackendChoice, s: Search, found: SearchResult) -> SearchResult:
+    """Judge the set found here on the hardware backend; where it fails there, extend (then shrink) it there."""
+    with build_job(model, groups[Inputs], groups[Tolerances], confirm, groups[Cache]) as there:
+        journal = there.journal(resume=s.resume)
+        try:
+            oracle = there.oracle(budget=Budget(max_evals=s.max_evals, time_limit=s.time_limit), journal=journal)
+            result = run_search(oracle, s.strategy, {"direction": s.direction}, start=found.fp32)
+        finally:
+            if journal is not None:
+                journal.close()
+    log.info("--confirm-on %s: the set of %d node(s) %s there; final set %d node(s)", confirm.backend,
+             len(found.fp32), "holds" if result.fp32 <= found.fp32 else "was extended", len(result.fp32))
+    return result
+
+
+def _constraints(job: Job, model: Path, result: SearchResult, strategy: str, timings: dict) -> Constraints:
+    cat = job.catalog
+    return Constraints(
+        tool_version=__version__, model=str(model), model_sha256=cat.sha256, backend=job.backend.describe(),
+        tolerances=job.tolerance.describe(), inputs=job.inputs_info, fp32_nodes=sorted(result.fp32),
+        passed=result.passed, minimal=result.minimal, stop_reason=result.stop_reason,
+        evaluations=Evaluations(**result.evaluations),
+        golden=Golden(source=job.golden.source, reference_runs=job.golden.reference_runs, runner=job.golden.runner),
+        strategy=strategy, candidates=len(cat.candidates), pinned=cat.pinned, timings=timings,
+        outputs={k: v.to_json() for k, v in result.verdict.outputs.items()},
+        worst_input_set=result.verdict.worst_set, headroom=_headroom(result.verdict), machine=machine_description(),
+    )
+
+
+def _headroom(verdict: Verdict) -> float | None:
+    """1 - excess of the worst output: the fraction of the tolerance the final set leaves unused."""
+    excess = verdict.excess
+    return None if excess == float("inf") else 1.0 - excess
+
+
+def machine_description() -> dict[str, str]:
+    """Where the verdicts were measured: emulated numerics can depend on the CPU's kernels (instruction set)."""
+    import platform
+
+    import onnxruntime
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            info = f.read(65536)
+        for line in info.splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+        flags = next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), [])
+        isa = " ".join(x for x in ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile") if x in flags)
+    except OSError:
+        isa = ""
+    return {"cpu": cpu, "isa": isa or platform.machine(), "onnxruntime": onnxruntime.__version__,
+            "python": platform.python_version()}
+
+
+def _load_scores(source: str, candidates) -> dict[str, float]:
+    from bisector.sensitivity import load_scores
+
+    loaded = load_scores(source)
+    if not set(loaded) & set(candidates):
+        raise UsageError(f"--scores {source} names none of this model's candidates (a profile of another model?)")
+    return {n: loaded.get(n, 0.0) for n in candidates}
+
+
+def _start_set(path: Path, cat) -> frozenset[str]:
+    recorded = Constraints.read(path).fp32_nodes
+    missing = cat.unknown(recorded)
+    if missing:
+        raise UsageError(f"--start-from {path}: node(s) not in this model: {missing}")
+    log.info("starting from %d FP32 node(s) of %s", len(recorded), path)
+    return frozenset(n for n in recorded if n in cat.candidates)
+
+
+def _profile(job: Job) -> list[dict]:
+    from bisector.sensitivity import compute_scores
+
+    if job.backend.name != "emulate":
+        raise UsageError("--scores profile needs --backend emulate; run `bisector profile` and pass its profile.json")
+    return compute_scores(job.catalog, job.backend, job.feeds_list, job.tolerance)
+
+
+def _write_profile_artifacts(job: Job, output_dir: Path, fp32: frozenset[str], nodes: list[dict] | None) -> str:
+    """profile.json + profile.png next to the other artifacts; returns the report section that shows them."""
+    from bisector.app.profile import write_profile_files
+
+    nodes = nodes if nodes is not None else _profile(job)
+    write_profile_files(job, output_dir, nodes, frozenset(fp32), {"model": str(job.catalog.path),
+                                                                 "fp32_nodes": sorted(fp32)}, png=True)
+    top = ", ".join(f"`{n['name']}` ({n['score']:.3g})" for n in nodes[:5])
+    return ("## FP16 sensitivity\n\nPer-node score (local FP16 error in units of the tolerance; see `bisector profile`)"
+            f", final FP32 nodes highlighted; below, each output's error histogram for the final plan. Top: {top}.\n\n"
+            "![profile](profile.png)\n")

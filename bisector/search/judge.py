@@ -1,0 +1,92 @@
+"""The judge: run one plan on every input set, compare with golden, keep the worst set. The one place this loop
+lives: the oracle (search), `evaluate`/`run`, `verify` and `profile` all call it."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from bisector.backends.base import Backend
+from bisector.compare import OutputComparison, Tolerance, compare_outputs
+from bisector.fp16.plan import Plan
+from bisector.model.polyjson import Feeds
+
+
+@dataclass
+class Verdict:
+    """A plan's judgement. `outputs` are the comparisons of the worst input set (a failing set is always worse
+    than a passing one; among equals, the larger excess)."""
+
+    fp32: frozenset[str]
+    passed: bool
+    outputs: dict[str, OutputComparison]
+    worst_set: int
+    seconds: dict[str, float] = field(default_factory=dict)
+    source: str = "new"  # new | journal
+
+    @property
+    def excess(self) -> float:
+        """The worst output's error in units of its tolerance (1 = exactly at tolerance)."""
+        return max((r.excess for r in self.outputs.values()), default=0.0)
+
+    @property
+    def failing(self) -> list[str]:
+        return [k for k, r in self.outputs.items() if not r.passed]
+
+    def to_json(self) -> dict:
+        return {"fp32": sorted(self.fp32), "passed": self.passed, "worst_set": self.worst_set, "seconds": self.seconds,
+                "outputs": {k: o.to_json() for k, o in self.outputs.items()}}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Verdict":
+        outputs = {k: OutputComparison.from_json(k, o) for k, o in d["outputs"].items()}
+        return cls(frozenset(d["fp32"]), bool(d["passed"]), outputs, int(d["worst_set"]), dict(d.get("seconds", {})))
+
+
+@dataclass
+class Judged:
+    """What a caller that looks closer than the search gets besides the verdict: every set's outputs and
+    comparisons (for `run --save-outputs`, the per-tensor report, error histograms)."""
+
+    verdict: Verdict
+    outputs: list[dict[str, np.ndarray]]
+    comparisons: list[dict[str, OutputComparison]]
+    runtimes: list[float]
+
+
+RunFn = Callable[[Plan, Feeds, list[str]], Mapping[str, np.ndarray]]
+
+
+def judge(backend: Backend, plan: Plan, feeds_list: Sequence[Feeds], golden: Sequence[Feeds], tolerance: Tolerance,
+          *, keep: bool = False, expected: Sequence[Feeds] | None = None, run: RunFn | None = None) -> Verdict | Judged:
+    """Run `plan` on every input set and compare with golden. `expected`: more tensors to compare per set (e.g.
+    intermediate tensors of the FP32 reference); they are reported but only graph outputs decide the verdict.
+    `keep`: return a `Judged` with every set's outputs and comparisons (differences kept) instead of the verdict."""
+    run = run or backend.run
+    worst: dict[str, OutputComparison] | None = None
+    worst_i, worst_score, passed = 0, (False, -1.0), True
+    t_run = t_cmp = 0.0
+    kept_outputs, kept_cmp, runtimes = [], [], []
+    for i, (feeds, gold) in enumerate(zip(feeds_list, golden)):
+        want = dict(gold) if expected is None else {**expected[i], **gold}
+        t0 = time.perf_counter()
+        outs = run(plan, feeds, list(want))
+        t1 = time.perf_counter()
+        result = compare_outputs(outs, want, tolerance, keep_diff=keep)
+        t_cmp += time.perf_counter() - t1
+        t_run += t1 - t0
+        graph = {k: result[k] for k in gold}
+        ok = all(r.passed for r in graph.values())
+        score = (not ok, max((r.excess for r in graph.values()), default=0.0))  # a failing set is worse
+        passed &= ok
+        if worst is None or score > worst_score:
+            worst, worst_i, worst_score = graph, i, score
+        if keep:
+            kept_outputs.append({k: outs[k] for k in gold})
+            kept_cmp.append(result)
+            runtimes.append(t1 - t0)
+    verdict = Verdict(plan.fp32, passed, worst or {}, worst_i, {"run": t_run, "compare": t_cmp})
+    return Judged(verdict, kept_outputs, kept_cmp, runtimes) if keep else verdict
