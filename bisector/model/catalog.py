@@ -17,7 +17,14 @@ import onnx
 from onnx import TensorProto
 
 from bisector.errors import UsageError
-from bisector.model.graph import consumers, copy_without_initializers, has_subgraph, node_reads, outer_scope_inputs
+from bisector.model.graph import (
+    consumers,
+    copy_without_initializers,
+    has_subgraph,
+    node_reads,
+    outer_scope_inputs,
+    unique_node_names,
+)
 from bisector.model.optable import (
     NEVER_CANDIDATES,
     is_parameter_input,
@@ -212,20 +219,9 @@ def _digest(path: Path, model: onnx.ModelProto) -> str:
 
 
 def _assign_unique_names(graph: onnx.GraphProto) -> list[str]:
-    taken = {n.name for n in graph.node if n.name}
-    seen: set[str] = set()
-    names = []
-    for i, node in enumerate(graph.node):
-        name = node.name
-        if not name or name in seen:
-            base = name or (f"node_of_{node.output[0]}" if node.output and node.output[0] else f"{node.op_type}_{i}")
-            name, k = base, 1
-            while name in seen or (name != node.name and name in taken):
-                name = f"{base}_{k}"
-                k += 1
-            node.name = name
-        seen.add(name)
-        names.append(name)
+    names = unique_node_names(graph.node)
+    for node, name in zip(graph.node, names):
+        node.name = name
     return names
 
 

@@ -8,7 +8,7 @@ for the handful of walks below, so this stays a small module on the protobuf the
 
 from __future__ import annotations
 
-from typing import Iterator, Mapping, Sequence
+from typing import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -146,6 +146,26 @@ def copy_without_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
     finally:
         graph.initializer.extend(saved)
     return copy
+
+
+def unique_node_names(nodes: Iterable[onnx.NodeProto]) -> list[str]:
+    """A unique, stable name per node: its own, else TensorRT's parser name `node_of_<first output>` (else
+    `<op>_<i>`), with `_<k>` added to repeats. The nodes are not changed."""
+    nodes = list(nodes)
+    taken = {n.name for n in nodes if n.name}
+    seen: set[str] = set()
+    names = []
+    for i, node in enumerate(nodes):
+        name = node.name
+        if not name or name in seen:
+            base = name or (f"node_of_{node.output[0]}" if node.output and node.output[0] else f"{node.op_type}_{i}")
+            name, k = base, 1
+            while name in seen or (name != node.name and name in taken):
+                name = f"{base}_{k}"
+                k += 1
+        seen.add(name)
+        names.append(name)
+    return names
 
 
 def nonempty(names) -> list[str]:
