@@ -24,7 +24,6 @@ Node names follow the catalog's rule: the node's name, or ``node_of_<first outpu
 from __future__ import annotations
 
 import math
-from typing import Iterable
 
 import onnx
 from onnx import shape_inference
