@@ -68,3 +68,20 @@ def test_sessions_share_one_arena():
 @pytest.mark.parametrize("nodes,size", [(30, 8), (2048, 8), (2049, 9), (20000, 79)])
 def test_auto_block_size(nodes, size):
     assert auto_block_size(nodes) == size
+
+
+def test_session_variants_are_bounded_and_evicted_ones_rebuild_identically():
+    model, _ = chain_model(300, width=16)
+    cat = Catalog.from_model(model)
+    x = {"x": np.random.default_rng(2).uniform(1, 2, (1, 16)).astype(np.float32)}
+    plans = _plans(cat, 8, seed=3)
+    free = EmulateBackend(block_size=16)
+    free.open(cat)
+    expected = [free.run(p, x)["y"] for p in plans]
+    tight = EmulateBackend(block_size=16)
+    tight.open(cat)
+    tight.executor.max_sessions = 6
+    for _ in range(2):
+        for p, e in zip(plans, expected):
+            np.testing.assert_array_equal(tight.run(p, x)["y"], e)
+            assert len(tight.executor._sessions) <= 6

@@ -15,6 +15,7 @@ emulation of the whole graph would do, at ORT's vectorised cast speed.
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from typing import Callable, Mapping
 
 import numpy as np
@@ -54,7 +55,10 @@ class NodeExecutor:
         self.storage = storage  # what reduced-precision nodes store: "fp16", or "bf16" (`run --trt --bf16`)
         self._half = rules.half_type(storage)
         self.blocks = _partition(catalog, block_size or auto_block_size(len(catalog.names)))
-        self._sessions: dict[tuple, ort.InferenceSession] = {}
+        # Sessions by variant, least recently used first; bounded, so that a search with many distinct plans (a
+        # diffuse one at 20k nodes made thousands of block variants and grew past 20 GB) keeps a bounded set.
+        self._sessions: OrderedDict[tuple, ort.InferenceSession] = OrderedDict()
+        self.max_sessions = max(MAX_SESSIONS, 4 * len(self.blocks))
         self._threads = threads
         self._opts = self._options()
         self.weights: dict[str, np.ndarray] = weight_values(catalog.model.graph)
@@ -175,11 +179,11 @@ class NodeExecutor:
                 # an outer-scope value of a subgraph: no Cast can reach inside, so it is rounded here
                 feed.setdefault(t, rules.round_activation_as(self.storage, v) if (r is Read.ROUND and idx is None) else v)
         key = (node.name, reads, round_out, tuple(str(v.dtype) for v in feed.values()))
-        sess = self._sessions.get(key)
+        sess = self._cached(key)
         if sess is None:
             nodes, weights = self.compose([node], [(reads, round_out)])
-            sess = self._sessions[key] = self._session(nodes, f"node {node.name!r} ({node.op_type})", feed,
-                                                       weights, nonempty(node.output))
+            sess = self._keep(key, self._session(nodes, f"node {node.name!r} ({node.op_type})", feed, weights,
+                                                 nonempty(node.output)))
         try:
             return sess.run(None, feed)
         except Exception as exc:
@@ -275,12 +279,26 @@ class NodeExecutor:
         self.build_seconds += time.perf_counter() - t0
         return sess
 
+    def _cached(self, key: tuple) -> ort.InferenceSession | None:
+        sess = self._sessions.get(key)
+        if sess is not None:
+            self._sessions.move_to_end(key)
+        return sess
+
+    def _keep(self, key: tuple, sess: ort.InferenceSession) -> ort.InferenceSession:
+        self._sessions[key] = sess
+        while len(self._sessions) > self.max_sessions:
+            self._sessions.popitem(last=False)
+        if len(self._specs) > 8 * self.max_sessions:
+            self._specs.clear()
+        return sess
+
     def run_graph(self, key: tuple, nodes: list[onnx.NodeProto], inputs: Mapping[str, np.ndarray],
                   weights: Mapping[str, np.ndarray], outputs: list[str]) -> list[np.ndarray]:
         """Any set of (renamed) node copies as one session, built once per `key` (used by `profile`)."""
-        sess = self._sessions.get(key)
+        sess = self._cached(key)
         if sess is None:
-            sess = self._sessions[key] = self._session(nodes, f"{key[0]} graph", inputs, weights, outputs)
+            sess = self._keep(key, self._session(nodes, f"{key[0]} graph", inputs, weights, outputs))
         try:
             return sess.run(outputs, dict(inputs))
         except Exception as exc:
@@ -289,18 +307,19 @@ class NodeExecutor:
     def _run_block(self, block: "_Block", values: list[np.ndarray], specs: tuple) -> list[np.ndarray]:
         feed = {t: v for t, v in zip(block.inputs, values) if t not in self.weights}
         key = ("block", block.index, specs)
-        sess = self._sessions.get(key)
+        sess = self._cached(key)
         if sess is None:
             nodes, weights = self.compose(block.nodes, specs)
-            sess = self._sessions[key] = self._session(
+            sess = self._keep(key, self._session(
                 nodes, f"block {block.index} ({block.nodes[0].name}..{block.nodes[-1].name})", feed, weights,
-                list(block.outputs))
+                list(block.outputs)))
         try:
             return sess.run(None, feed)
         except Exception as exc:
             raise BackendFailure(f"ONNX Runtime failed to run block {block.index}: {exc}") from None
 
 
+MAX_SESSIONS = 1024  # session variants kept at least (4 per block in larger models)
 _SHARE_BYTES = 4096  # weights from this size up are handed to sessions as arrays, not serialised into them
 _ARENA: list[bool] = []  # [registered?], once per process
 
