@@ -22,8 +22,6 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Iterable
 
-import numpy as np
-
 from bisector.fp16 import rules
 from bisector.fp16.plan import Plan
 from bisector.model.catalog import Catalog
@@ -67,26 +65,9 @@ class RoundingPoints:
         """Does storing `node`'s float outputs in FP16 change their values (may the emulation not skip it)?"""
         return node in self.fp16 and not rules.op_rule(self.catalog.nodes[node].op_type).exact_outputs
 
-    def data_reads(self, node: str) -> list[tuple[str, int | None, Read]]:
-        """The reads of `node` that the plan changes: (tensor, index, ROUND or WEIGHT)."""
-        out = []
-        for t, i in self.catalog.reads(node):
-            r = self.read(node, i, t)
-            if r is not Read.EXACT:
-                out.append((t, i, r))
-        return out
-
 
 def rounding_points(catalog: Catalog, plan: Plan | Iterable[str]) -> RoundingPoints:
     """The rounding points of `plan` (a Plan, or the set of FP16 node names)."""
     fp16 = plan.fp16 if isinstance(plan, Plan) else frozenset(plan)
     return RoundingPoints(catalog, fp16)
 
-
-def apply_read(read: Read, value: np.ndarray) -> np.ndarray:
-    """`value` as the reader sees it, in numpy (where no Cast pair can reach: outer-scope values of subgraphs)."""
-    if read is Read.ROUND:
-        return rules.round_activation(value)
-    if read is Read.WEIGHT:
-        return rules.round_weight(value)
-    return value
