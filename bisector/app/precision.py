@@ -101,7 +101,10 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
             elif budget.spent():
                 log.warning("--time-limit spent: profile.png not written")
             else:
+                from bisector.artifacts.write import begin_artifacts
+
                 t1 = time.perf_counter()
+                begin_artifacts(Path(output_dir))  # the stale constraints.json goes before profile.* land
                 extra_report = _write_profile_artifacts(job, Path(output_dir), result.fp32, profile_nodes)
                 t_plot = time.perf_counter() - t1
         timings = {"setup": t_setup, "profile": t_profile, "search": result.seconds,
@@ -201,7 +204,9 @@ def _write_profile_artifacts(job: Job, output_dir: Path, fp32: frozenset[str], n
     nodes = nodes if nodes is not None else _profile(job)
     write_profile_files(job, output_dir, nodes, frozenset(fp32), {"model": str(job.catalog.path),
                                                                  "fp32_nodes": sorted(fp32)}, png=True)
-    top = ", ".join(f"`{n['name']}` ({n['score']:.3g})" for n in nodes[:5])
+    from bisector.text import markdown_code
+
+    top = ", ".join(f"{markdown_code(n['name'])} ({n['score']:.3g})" for n in nodes[:5])
     return ("## FP16 sensitivity\n\nPer-node score (local FP16 error in units of the tolerance; see `bisector profile`)"
             f", final FP32 nodes highlighted; below, each output's error histogram for the final plan. Top: {top}.\n\n"
             "![profile](profile.png)\n")

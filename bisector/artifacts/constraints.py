@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from bisector.errors import UsageError
 from bisector.files import write_text_atomic
@@ -51,6 +51,14 @@ class Constraints(BaseModel):
                                     "version the verdicts were measured with")
     worst_input_set: int = Field(0, description="index of the input set on which the final plan is furthest from "
                                  "tolerance (a plan passes only if it passes on every set)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _utf8(cls, data: Any) -> Any:
+        """A non-UTF-8 file name (surrogate escapes) is recorded readably (`caf\\xe9.onnx`) instead of failing."""
+        from bisector.text import utf8_tree
+
+        return utf8_tree(data) if isinstance(data, dict) else data
 
     def write(self, path: Path) -> None:
         write_text_atomic(path, self.model_dump_json(indent=2) + "\n")

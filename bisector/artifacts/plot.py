@@ -102,8 +102,13 @@ def render_profile_png(
         hx.set_xlabel("absolute error (log)")
         hx.set_ylabel("elements")
 
+    import io
+
+    from bisector.files import write_bytes_atomic
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, bbox_inches="tight")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight")
     plt.close(fig)
+    write_bytes_atomic(path, buf.getvalue())  # atomic, like every artifact
     return path

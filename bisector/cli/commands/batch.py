@@ -53,7 +53,7 @@ def batch(
         table.add_row(m.name, m.mode, m.status, "-" if m.fp32_nodes is None else str(len(m.fp32_nodes)),
                       f"{m.seconds:.1f}")
     say = human_output(json_out)
-    Console(stderr=json_to_stdout(json_out)).print(table)
+    Console(stderr=json_to_stdout(json_out), markup=False, highlight=False).print(table)
     for m in result.models:
         if m.regression:
             say(f"{m.name}: {m.regression}")

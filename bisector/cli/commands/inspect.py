@@ -26,12 +26,14 @@ def _print(doc: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(file=sys.stdout)
+    console = Console(file=sys.stdout, markup=False, highlight=False)
     if not console.is_terminal:
-        console = Console(file=sys.stdout, width=160)
-    console.print(f"[bold]{doc['model']}[/bold]  opset {doc['opset']}, IR {doc['ir_version']}"
+        console = Console(file=sys.stdout, width=160, markup=False, highlight=False)
+    from rich.text import Text
+
+    console.print(Text.assemble((str(doc['model']), "bold"), f"  opset {doc['opset']}, IR {doc['ir_version']}"
                   + (f", from {doc['producer']}" if doc["producer"] else "")
-                  + f": {doc['nodes_total']} nodes, {len(doc['candidates'])} candidates, {len(doc['pinned'])} pinned")
+                  + f": {doc['nodes_total']} nodes, {len(doc['candidates'])} candidates, {len(doc['pinned'])} pinned"))
 
     t = Table(title="Graph inputs and outputs")
     for col in ("kind", "name", "dtype", "shape"):

@@ -63,7 +63,7 @@ def _print_table(nodes: list[dict], highlight: frozenset[str], top: int) -> None
         via = f"{r['downstream']:.3g}" + (f" ({r['via']})" if r["via"] else "")
         table.add_row(str(r["rank"]), r["name"], "yes" if r["name"] in highlight else "", r["op"], f"{r['score']:.3g}", f"{r['local']:.3g}", via,
                       str(r["overflow"]), str(r["underflow"]), str(r["nan"]), style=style)
-    console = Console(file=sys.stdout)
+    console = Console(file=sys.stdout, markup=False, highlight=False)
     if not console.is_terminal:
-        console = Console(file=sys.stdout, width=160)
+        console = Console(file=sys.stdout, width=160, markup=False, highlight=False)
     console.print(table)
