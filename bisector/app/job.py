@@ -140,10 +140,15 @@ def golden_digest(golden: Golden) -> str:
     import hashlib
 
     h = hashlib.sha256()
-    for outs in golden.outputs:
+    import json
+
+    h.update(json.dumps(["golden", len(golden.outputs)]).encode() + b"\n")
+    for outs in golden.outputs:  # framed like feeds_digest: name, dtype, shape and byte count before the bytes
+        h.update(json.dumps(["set", len(outs)]).encode() + b"\n")
         for name in sorted(outs):
-            h.update(name.encode())
-            h.update(np.ascontiguousarray(outs[name]).tobytes())
+            a = np.ascontiguousarray(outs[name])
+            h.update(json.dumps([name, str(a.dtype), list(a.shape), a.nbytes], ensure_ascii=True).encode() + b"\n")
+            h.update(a.tobytes())
     return h.hexdigest()
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from bisector.errors import UsageError
 from bisector.files import write_text_atomic
@@ -65,9 +65,36 @@ class Constraints(BaseModel):
 
     @classmethod
     def read(cls, path: Path) -> "Constraints":
+        """Load and check a constraints.json: its schema_version first (a file of a newer bisector, or of an unknown
+        schema, is refused by name instead of being half understood), then every field."""
+        import json
+
         try:
-            return cls.model_validate_json(Path(path).read_text())
+            raw = Path(path).read_bytes()
         except FileNotFoundError:
             raise UsageError(f"constraints file not found: {path}") from None
-        except Exception as exc:
-            raise UsageError(f"{path} is not a bisector constraints.json ({str(exc).splitlines()[0]})") from None
+        except IsADirectoryError:
+            raise UsageError(f"{path} is a directory, not a constraints.json") from None
+        except OSError as exc:
+            raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+        try:
+            doc = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise UsageError(f"{path} is not a bisector constraints.json (not JSON: {exc})") from None
+        if not isinstance(doc, dict):
+            raise UsageError(f"{path} is not a bisector constraints.json (not a JSON object)")
+        version = doc.get("schema_version")
+        if type(version) is not int:
+            raise UsageError(f"{path}: schema_version is {version!r}; a bisector constraints.json has an integer "
+                             f"schema_version (this bisector reads {SCHEMA_VERSION})")
+        if version != SCHEMA_VERSION:
+            newer = " (written by a newer bisector: upgrade bisector to read it)" if version > SCHEMA_VERSION else ""
+            raise UsageError(f"{path}: schema_version {version} is not supported; this bisector reads "
+                             f"schema_version {SCHEMA_VERSION}{newer}")
+        try:
+            return cls.model_validate(doc)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(x) for x in first.get("loc", ())) or "?"
+            raise UsageError(f"{path} is not a valid bisector constraints.json: field {where!r}: {first.get('msg')}"
+                             + (f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else "")) from None

@@ -15,6 +15,7 @@ emulation of the whole graph would do, at ORT's vectorised cast speed.
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from typing import Callable, Mapping
 
@@ -42,9 +43,9 @@ def feeds_digest(feeds: Mapping[str, np.ndarray]) -> str:
     h = hashlib.sha256()
     for name in sorted(feeds):
         a = np.ascontiguousarray(feeds[name])
-        h.update(name.encode())
-        h.update(str(a.dtype).encode())
-        h.update(str(a.shape).encode())
+        # framed: a JSON header with the byte count, then the bytes (no two feeds can share a digest)
+        header = json.dumps([name, str(a.dtype), list(a.shape), a.nbytes], ensure_ascii=True)
+        h.update(header.encode() + b"\n")
         h.update(a.tobytes())
     return h.hexdigest()
 
