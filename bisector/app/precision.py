@@ -98,6 +98,8 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
         if plot and output_dir is not None:
             if job.backend.name != "emulate":
                 log.warning("--plot needs --backend emulate: profile.png not written")
+            elif not cat.candidates:
+                log.warning("no candidate nodes: profile.png not written")
             elif budget.spent():
                 log.warning("--time-limit spent: profile.png not written")
             else:
@@ -194,6 +196,8 @@ def _profile(job: Job) -> list[dict]:
 
     if job.backend.name != "emulate":
         raise UsageError("--scores profile needs --backend emulate; run `bisector profile` and pass its profile.json")
+    if not job.catalog.candidates:
+        return []
     return compute_scores(job.catalog, job.backend, job.feeds_list, job.tolerance)
 
 

@@ -38,6 +38,9 @@ def build_mixed_model(catalog: Catalog, plan: Plan | frozenset[str]) -> onnx.Mod
     src = catalog.model
     model = onnx.ModelProto()
     model.CopyFrom(src)
+    # IR < 4 (opset <= 8 era) requires every initializer to be a graph input; the FP16 weight copies are not, and
+    # IR 4 lifts that rule without changing anything else the model means.
+    model.ir_version = max(model.ir_version, 4)
     graph = model.graph
     del graph.node[:]
     del graph.value_info[:]  # stale after retyping; consumers re-infer

@@ -57,6 +57,7 @@ class Catalog:
         if not graph.node:
             raise UsageError(f"{path or 'model'}: the graph has no nodes")
         names = _assign_unique_names(graph)
+        _check_reserved_names(graph, path)
         inferred = _infer_types(model)
         _drop_stale_value_info(model, inferred)
         tensor_types = _tensor_types(model, inferred)
@@ -136,6 +137,26 @@ class Catalog:
 
 
 # ---- helpers -----------------------------------------------------------------------------------------------
+# Names the FP16 writers derive from a tensor `t` (fp16/mixed.py, the emulation, ort-cuda): a model that already has
+# such a tensor next to `t` would have two producers of one name in the mixed model.
+RESERVED_SUFFIXES = ("__fp16", "__fp16_param", "__fp32_compute", "__raw", "__cast_to_fp16", "__cast_to_fp32",
+                     "__store_fp16", "__cast_to_fp32_out")
+
+
+def _check_reserved_names(graph: onnx.GraphProto, path: Path | None) -> None:
+    """UsageError naming the tensor when a model tensor collides with a name the mixed writer derives."""
+    tensors = {t for n in graph.node for t in list(n.input) + list(n.output) if t}
+    tensors |= {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    for t in sorted(tensors):
+        for suffix in RESERVED_SUFFIXES:
+            derived = t + suffix
+            if derived in tensors:
+                raise UsageError(
+                    f"{path or 'model'}: tensor {derived!r} collides with the name bisector derives for the FP16 "
+                    f"copy of tensor {t!r} (the suffix {suffix!r} is reserved); rename it in the model (is this a "
+                    "model.mixed.onnx? search the original model instead)")
+
+
 def _load_model(path: Path) -> onnx.ModelProto:
     if not path.exists():
         raise UsageError(f"model file not found: {path}")

@@ -64,6 +64,7 @@ def get_golden(
             missing = sorted(set(catalog.output_names) - set(o))
             if missing:
                 raise UsageError(f"--load-outputs {load_outputs} (runner {runner}, iteration {i}): missing output(s) {missing}")
+        _check_against_model(catalog, outs, Path(load_outputs))
         golden = Golden([{k: spill(o[k]) for k in catalog.output_names} for o in outs], "file", 0, 0.0, Path(load_outputs))
         check_finite(golden)
         return golden
@@ -94,6 +95,27 @@ def get_golden(
         except UsageError as exc:  # a cache we cannot write costs time, not correctness
             log.warning("golden outputs not cached: %s", exc)
     return golden
+
+
+def _check_against_model(catalog: Catalog, outs: Sequence[Feeds], path: Path) -> None:
+    """Golden outputs from a file must be the model's: its declared output dtypes and static shapes (a file of
+    another model is an input error, exit 2 — not an accuracy failure that 'nothing passes')."""
+    from onnx import helper
+
+    for o in catalog.model.graph.output:
+        t = o.type.tensor_type
+        want_dtype = helper.tensor_dtype_to_np_dtype(t.elem_type) if t.elem_type else None
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim] if t.HasField("shape") else None
+        for i, got in enumerate(outs):
+            a = np.asarray(got[o.name]) if not isinstance(got[o.name], np.ndarray) else got[o.name]
+            where = f"--load-outputs {path} (iteration {i}), output {o.name!r}"
+            if want_dtype is not None and a.dtype != want_dtype and not (
+                    np.issubdtype(a.dtype, np.floating) and np.issubdtype(want_dtype, np.floating)):
+                raise UsageError(f"{where}: dtype {a.dtype}, but the model's output is {want_dtype}")
+            if dims is not None and (len(dims) != a.ndim or any(
+                    d is not None and d > 0 and d != n for d, n in zip(dims, a.shape))):
+                shown = [d if d else "?" for d in dims]
+                raise UsageError(f"{where}: shape {list(a.shape)}, but the model declares {shown}")
 
 
 def run_reference_model(catalog: Catalog, feeds_list: Sequence[Feeds]) -> list[Feeds]:

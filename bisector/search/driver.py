@@ -67,6 +67,7 @@ def run_search(
         raise AccuracyFailure(f"the budget ran out before any evaluation ({exc})") from None
     if not top.passed:
         worst = ", ".join(
+            f"{n} ({r.reason})" if r.reason else
             f"{n} (needs abs {r.required_abs:.3g} / rel {r.required_rel:.3g}; tolerance {r.atol:g}/{r.rtol:g})"
             for n, r in top.outputs.items() if not r.passed
         )
