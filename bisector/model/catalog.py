@@ -49,6 +49,7 @@ class Catalog:
     def load(cls, path: str | os.PathLike) -> "Catalog":
         path = Path(path)
         model = _load_model(path)
+        _check_reserved_names(model.graph, path)  # a user's model (mixed models built in memory are exempt)
         return cls.from_model(model, path=path, sha256=_digest(path, model))
 
     @classmethod
@@ -57,7 +58,6 @@ class Catalog:
         if not graph.node:
             raise UsageError(f"{path or 'model'}: the graph has no nodes")
         names = _assign_unique_names(graph)
-        _check_reserved_names(graph, path)
         inferred = _infer_types(model)
         _drop_stale_value_info(model, inferred)
         tensor_types = _tensor_types(model, inferred)
