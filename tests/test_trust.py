@@ -225,11 +225,11 @@ def test_tiny_time_limit_still_writes_the_best_set_and_skips_the_plot(tmp_path, 
 
 
 # ---- 5. hostile names ---------------------------------------------------------------------------------------------
-HOSTILE = ["mm\x1b[31m", "add[/]", "<script>alert(1)</script>", "a|b`c`\x07"]
+HOSTILE = ["mm\x1b[31m", "add[/]", "<script>alert(1)</script>", "a|b`c`\x07", "m$\\frac{$"]  # $: mathtext
 
 
 def test_hostile_names_are_escaped_in_every_sink(tmp_path, capsys):
-    model = _chain(tmp_path / "hostile.onnx", names=HOSTILE, tensors=["t\x00a", "t|b", "t<c>"])
+    model = _chain(tmp_path / "hostile.onnx", names=HOSTILE, tensors=["t\x00a", "t|b", "t<c>", "t$d"])
     out = tmp_path / "o"
     code = main_cli("precision", model, "--fp16", "--atol", "1e-7", "--rtol", "1e-7", "-o", out, "--cache-dir",
                     tmp_path / "c", "--junit", out / "j.xml", "--plot", "--no-progress")

@@ -123,8 +123,9 @@ def json_to_stdout(json_out) -> bool:
 def write_json(json_out, text: str) -> None:
     """`--json FILE` (written atomically) or `--json -` (stdout, which then carries the JSON alone)."""
     if json_to_stdout(json_out):
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        out = getattr(sys.stdout, "unwrapped", sys.stdout)  # JSON escapes what it must itself: written as is
+        out.write(text)
+        out.flush()
     else:
         from bisector.files import write_text_atomic
 
