@@ -227,7 +227,7 @@ def _model(path, nodes, inputs, outputs, inits=(), opset=17, ir=8):
     return path
 
 
-def _chain(path, names=("n0", "n1", "n2", "n3"), tensors=None, opset=17, ir=8, shape=(2, 4)):
+def _chain(path, names=("n0", "n1", "n2", "n3"), tensors=None, opset=17, ir=8, shape=(2, 4), weights_as_inputs=False):
     """MatMul -> Add -> Relu -> Sub over a 4x4 weight: every node a candidate, names and tensor names chosen."""
     from onnx import numpy_helper
 
@@ -241,8 +241,12 @@ def _chain(path, names=("n0", "n1", "n2", "n3"), tensors=None, opset=17, ir=8, s
         ins = [prev, "W"] if op == "MatMul" else [prev, "b"] if op in ("Add", "Sub") else [prev]
         nodes.append(helper.make_node(op, ins, [tensors[i]], name=name))
         prev = tensors[i]
-    return _model(path, nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
-                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))], [w, b], opset, ir)
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))]
+    if weights_as_inputs:  # IR 3 style: every initializer is also a graph input
+        inputs += [helper.make_tensor_value_info("W", TensorProto.FLOAT, [4, 4]),
+                   helper.make_tensor_value_info("b", TensorProto.FLOAT, [4])]
+    return _model(path, nodes, inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))], [w, b],
+                  opset, ir)
 
 
 def _int_model(tmp_path):
@@ -365,7 +369,7 @@ def test_inputs_that_crashed_now_work(tmp_path, capsys, case):
     if case == "plot-no-float-candidate":
         argv = ["precision", _int_model(tmp_path), *tight, "-o", out, "--plot"]
     elif case == "opset-7":  # IR 3: initializers must be graph inputs; the mixed model's FP16 copies were not
-        argv = ["precision", _chain(tmp_path / "m7.onnx", opset=7, ir=3), "--fp16", "--atol", "1e-2",
+        argv = ["precision", _chain(tmp_path / "m7.onnx", opset=7, ir=3, weights_as_inputs=True), "--fp16", "--atol", "1e-2",
                 "--cache-dir", tmp_path / "c", "-o", out]
     elif case == "ten-thousand-character-names":
         argv = ["precision", _chain(tmp_path / "long.onnx", names=[c * 10000 for c in "NMOP"],
@@ -388,6 +392,10 @@ def test_inputs_that_crashed_now_work(tmp_path, capsys, case):
         mixed = onnx.load(out / "model.mixed.onnx")
         onnx.checker.check_model(mixed)
         assert any(i.name.endswith("__fp16") for i in mixed.graph.initializer)  # an FP16 weight copy exists
+        import onnxruntime as ort
+
+        session = ort.InferenceSession(str(out / "model.mixed.onnx"), providers=["CPUExecutionProvider"])
+        assert [i.name for i in session.get_inputs()] == ["x"]  # no weight left behind as a required input
     if case == "non-utf8-file-name":
         c = json.loads((out / "constraints.json").read_text(encoding="utf-8"))
         assert c["model"].endswith("caf\\xe9.onnx")

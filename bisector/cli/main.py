@@ -44,8 +44,8 @@ app.command()(run)
 app.command()(verify)
 app.command()(batch)
 
-RESUME_HINT = ("interrupted; every finished evaluation is in the journal: run the same command again to resume "
-               "where it stopped")
+RESUME_HINT = ("interrupted; every finished evaluation is kept in the journal (unless --no-cache): run the same "
+               "command again to resume where it stopped")
 
 
 @app.command()

@@ -208,8 +208,14 @@ def _drop_unused(model: onnx.ModelProto) -> None:
     graph = model.graph
     used = _graph_reads(graph)  # subgraphs included: a branch may read an outer initializer
     keep = [i for i in graph.initializer if i.name in used]
+    dropped = {i.name for i in graph.initializer} - {i.name for i in keep}
     del graph.initializer[:]
     graph.initializer.extend(keep)
+    # IR 3 models list every initializer as a graph input too: a dropped weight must not stay behind as a
+    # required input without its value
+    inputs = [i for i in graph.input if i.name not in dropped]
+    del graph.input[:]
+    graph.input.extend(inputs)
     nodes = [n for n in graph.node if not (n.op_type == "Constant" and n.output[0] not in used)]
     del graph.node[:]
     graph.node.extend(nodes)

@@ -28,7 +28,13 @@ def precision(model: Model, fp16: Fp16 = True, output_dir: OutputDir = Path("bis
     from bisector.artifacts.junit import Suite
     from bisector.cli.progress import SearchProgress
 
+    from bisector.files import check_not_input, protect
+
     setup_logging(verbose)
+    protect(model, "the input model")  # refused before the search, not after it
+    for flag, path in (("--json", json_out), ("--junit", junit), ("--save-inputs", opts[Inputs].save_inputs)):
+        if path is not None and str(path) != "-":
+            check_not_input(path, flag)
     s = opts[Search]
     display = SearchProgress(live=None if progress else False, max_evals=s.max_evals, time_limit=s.time_limit)
     r = api.precision(model, output_dir=output_dir, plot=plot, progress=display, inputs=opts[Inputs],
