@@ -2,6 +2,8 @@
 
     python bench/strategies.py            # full: N in {64,128,256,512,1000}, k in {1,2,4,8}, 10 seeds
     python bench/strategies.py --quick    # N in {64,128}, 5 seeds
+    python bench/strategies.py --diffuse  # only the diffuse (additive-error) cases, synthetic and real models
+    python bench/strategies.py --workers  # only the parallel-rounds benchmark (P = 1, 2, 4, 8)
 
 Counts DISTINCT sets asked (the driver caches repeats). ``run_on_oracle`` is the hook for real fixtures: give it
 candidates and a ``passes`` function (e.g. the emulate backend's oracle) and it runs every strategy on it.
@@ -19,6 +21,9 @@ from typing import Callable, Sequence
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from strategy_oracles import (  # noqa: E402
+    additive,
+    additive_case,
+    additive_optimum,
     either_of_pair,
     is_one_minimal,
     mismatched_pair,
@@ -31,7 +36,8 @@ from strategy_oracles import (  # noqa: E402
 
 from bisector.strategies import CountingOracle, load_strategies  # noqa: E402
 
-ORDER = ["auto", "greedy", "ddmin", "bisect", "linear"]
+ORDER = ["auto", "gt", "greedy", "ddmin", "bisect", "linear"]
+MINIMAL = ["auto", "gt", "greedy", "ddmin"]
 
 
 def run_on_oracle(
@@ -157,17 +163,161 @@ def scored(seeds: int) -> None:
     print()
 
 
+def _diffuse_table(cases: list[tuple[str, Sequence[str], Callable, int | None]]) -> tuple[list[float], list[float]]:
+    """Run the 1-minimal strategies on each case; print one row per case and strategy; return auto's ratios."""
+    print("| case | optimum | strategy | FP32 size | / smallest found | evaluations | / gt | seconds | 1-minimal |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    size_ratios, eval_ratios = [], []
+    for label, cands, f, opt in cases:
+        res = run_on_oracle(cands, f, MINIMAL)
+        smallest = min(len(r["result"]) for r in res.values())
+        gt_evals = res["gt"]["evaluations"]
+        for s in MINIMAL:
+            r = res[s]
+            size, ev = len(r["result"]), r["evaluations"]
+            print(f"| {label} | {opt if opt is not None else '?'} | {s} | {size} | {size / max(smallest, 1):.2f} | {ev} | "
+                  f"{ev / gt_evals:.2f} | {r['seconds']:.2f} | {bool(r['passes']) and bool(r['one_minimal'])} |")
+        size_ratios.append(len(res["auto"]["result"]) / max(smallest, 1))
+        eval_ratios.append(res["auto"]["evaluations"] / gt_evals)
+    return size_ratios, eval_ratios
+
+
+def _summary(label: str, size_ratios: list[float], eval_ratios: list[float]) -> None:
+    n = len(size_ratios)
+    ok_size = sum(r <= 1.1 for r in size_ratios)
+    ok_evals = sum(r <= 0.6 for r in eval_ratios)
+    print(f"\n{label}: auto's set / smallest found: max {max(size_ratios):.2f}, mean {sum(size_ratios) / n:.2f} "
+          f"(≤ 1.1 in {ok_size}/{n}); auto's evaluations / gt's: max {max(eval_ratios):.2f}, "
+          f"mean {sum(eval_ratios) / n:.2f} (≤ 0.6 in {ok_evals}/{n})\n")
+
+
+def diffuse(seeds: int, ns: Sequence[int]) -> None:
+    print("## Diffuse error: additive oracles (passes iff the FP16 nodes' summed lognormal weight ≤ threshold)\n")
+    print("`gt` is the `auto` of before issue 15. keep = the optimum's share of N (the threshold lets exactly the")
+    print("heaviest keep·N nodes suffice); sigma = the lognormal's spread (larger: more concentrated error).\n")
+    levels = [(0.5, 0.25), (1.0, 0.05), (1.0, 0.25), (1.0, 0.5), (1.5, 0.1), (2.0, 0.05)]
+    for jitter in (0.0, 0.05):
+        cases = []
+        for n in ns:
+            for sigma, keep in levels:
+                for seed in range(seeds):
+                    cands, w, t = additive_case(n, sigma, keep, seed)
+                    cases.append((f"N={n} σ={sigma} keep={keep} seed={seed}" + (f" jitter={jitter}" if jitter else ""),
+                                  cands, additive(w, t, jitter, seed), additive_optimum(w, t)))
+        title = "### exactly additive\n" if not jitter else "### additive ± 5% per-set jitter (slightly non-monotone)\n"
+        print(title)
+        _summary(title.strip("# \n"), *_diffuse_table(cases))
+
+
+def real_models() -> None:
+    """The exported encoder and CNN at tight tolerances, through the real emulate oracle."""
+    print("## Diffuse error on real models (emulate backend, tight tolerances)\n")
+    from bisector.app.job import open_job
+    from bisector.app.options import options_from_flags
+
+    root = Path(__file__).resolve().parent.parent / "fixtures" / "exported"
+    enc = ["--val-range", "ids:[0,999]", "--val-range", "mask:[1,1]", "--input-shapes", "ids:[1,32]",
+           "--input-shapes", "mask:[1,32]"]
+    models = [
+        ("encoder atol 5e-5 rtol 1e-4", "encoder.onnx", enc + ["--atol", "5e-5", "--rtol", "1e-4"]),
+        ("encoder atol 2e-5 rtol 5e-5", "encoder.onnx", enc + ["--atol", "2e-5", "--rtol", "5e-5"]),
+        ("cnn atol 1e-6 rtol 1e-4", "cnn.onnx", ["--atol", "1e-6", "--rtol", "1e-4"]),
+        ("cnn atol 2e-7 rtol 2e-5", "cnn.onnx", ["--atol", "2e-7", "--rtol", "2e-5"]),
+    ]
+    cases = []
+    jobs = []
+    for label, name, args in models:
+        job = open_job(root / name, no_cache=True, **options_from_flags(args))
+        jobs.append(job)
+        oracle = job.oracle()
+        if not oracle.passes(frozenset(oracle.candidates)):
+            print(f"({label}: even all-FP32 fails; skipped)")
+            continue
+        cases.append((f"{label} (N={len(oracle.candidates)})", list(oracle.candidates), oracle.passes, None))
+    if cases:
+        _summary("real models", *_diffuse_table(cases))
+    for job in jobs:
+        job.close()
+
+
+class _Rounds:
+    """Counts rounds (batch calls + single calls outside a batch) on top of a CountingOracle."""
+
+    def __init__(self, f: Callable[[frozenset[str]], bool]) -> None:
+        self.oracle = CountingOracle(f)
+        self.rounds = 0
+        self._in_batch = False
+
+    def __call__(self, s: frozenset[str]) -> bool:
+        if not self._in_batch:
+            self.rounds += 1
+        return self.oracle(s)
+
+    def batch(self, sets: list[frozenset[str]]) -> list[bool]:
+        self.rounds += 1
+        self._in_batch = True
+        try:
+            return [self(s) for s in sets]
+        finally:
+            self._in_batch = False
+
+
+def workers_bench(seeds: int) -> None:
+    print("## Parallel rounds: `auto` with the `batch` + `workers` hints (monotone oracles)\n")
+    print("seq = today's sequential distinct evaluations (auto without hints; equal to gt's); rounds = batch calls +")
+    print("single calls (wall time when a round's sets run concurrently); every answer is the exact culprit set.\n")
+    print("| N | k | seq evals | P | rounds | rounds / seq | evals | evals / seq |")
+    print("|---|---|---|---|---|---|---|---|")
+    totals: dict[int, list[float]] = {p: [0, 0, 0] for p in (1, 2, 4, 8)}
+    for n in (128, 256, 512, 1000):
+        cands = names(n)
+        for k in (1, 2, 3, 4):
+            seq = 0
+            per = {p: [0, 0] for p in totals}
+            for seed in range(seeds):
+                culprits = random_culprits(cands, k, 7919 * seed + 31 * n + k)
+                o = CountingOracle(monotone(culprits))
+                assert load_strategies()["auto"]().search(cands, o) == culprits
+                seq += o.distinct
+                for p in totals:
+                    r = _Rounds(monotone(culprits))
+                    got = load_strategies()["auto"]().search(cands, r, batch=r.batch, workers=p)
+                    assert got == culprits and is_one_minimal(r.oracle, got)
+                    per[p][0] += r.rounds
+                    per[p][1] += r.oracle.distinct
+            for p, (rounds, ev) in per.items():
+                totals[p][0] += rounds
+                totals[p][1] += ev
+                totals[p][2] += seq
+                print(f"| {n} | {k} | {seq / seeds:.1f} | {p} | {rounds / seeds:.1f} | {rounds / seq:.2f} | "
+                      f"{ev / seeds:.1f} | {ev / seq:.2f} |")
+    print()
+    for p, (rounds, ev, seq) in totals.items():
+        print(f"P={p}: rounds / seq {rounds / seq:.2f}, evaluations / seq {ev / seq:.2f} (all N, k, seeds pooled)")
+    print("\nTarget (issue 16): P=4 rounds ≤ 0.45 × seq, evaluations ≤ 1.6 × seq.\n")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, few seeds")
     ap.add_argument("--seeds", type=int, default=None)
+    ap.add_argument("--diffuse", action="store_true", help="only the diffuse cases (synthetic + real models)")
+    ap.add_argument("--no-real", action="store_true", help="skip the real-model diffuse cases")
+    ap.add_argument("--workers", action="store_true", help="only the parallel-rounds benchmark")
     args = ap.parse_args(argv)
     seeds = args.seeds or (5 if args.quick else 10)
-    ns = [64, 128] if args.quick else [64, 128, 256, 512, 1000]
     t0 = time.perf_counter()
-    synthetic(ns, [1, 2, 4, 8], seeds, skip_linear_above=10_000)
-    interactions(seeds)
-    scored(seeds)
+    if args.workers:
+        workers_bench(args.seeds or 5)
+    elif args.diffuse:
+        diffuse(args.seeds or 2, [100, 275] if args.quick else [100, 275, 500, 1000])
+        if not args.no_real:
+            real_models()
+    else:
+        ns = [64, 128] if args.quick else [64, 128, 256, 512, 1000]
+        synthetic(ns, [1, 2, 4, 8], seeds, skip_linear_above=10_000)
+        interactions(seeds)
+        scored(seeds)
     print(f"_{time.perf_counter() - t0:.1f} s_")
 
 

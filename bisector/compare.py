@@ -170,3 +170,35 @@ def histogram(values: np.ndarray, bins: int = 10, width: int = 40) -> str:
         label = f"({lo:.3g}, {hi:.3g})"
         lines.append(f"        {label:<20} | {int(c):10d} | {'#' * int(round(width * c / peak))}")
     return "\n".join(lines)
+
+
+# ---- Polygraphy's other comparison options (`run --compare-func indices`, `--validate`) -------------------------
+def indices_match(actual: np.ndarray, golden: np.ndarray, index_tolerance: int = 0) -> tuple[bool, str]:
+    """Polygraphy's IndicesCompareFunc: outputs hold indices (e.g. Top-K); along the last axis each value of
+    `actual` must sit within `index_tolerance` positions of where `golden` has it (the final `index_tolerance`
+    values of each row are not checked). Returns (passed, reason)."""
+    if actual.shape != golden.shape:
+        return False, f"shape {list(actual.shape)} != golden {list(golden.shape)}"
+    if actual.ndim == 0:
+        return bool(actual == golden), "" if actual == golden else "value differs"
+    for batch in np.ndindex(actual.shape[:-1]):
+        row, ref = actual[batch], golden[batch]
+        if index_tolerance > 0:
+            row = row[:-index_tolerance]
+        for i, v in enumerate(row):
+            if v == ref[i]:
+                continue
+            where = np.flatnonzero(ref == v)
+            if where.size < 1:
+                return False, f"value {v} at {batch + (i,)} not found in golden"
+            if abs(int(where[0]) - i) > index_tolerance:
+                return False, f"value {v} at {batch + (i,)} is {abs(int(where[0]) - i)} places from golden " \
+                              f"(index tolerance {index_tolerance})"
+    return True, ""
+
+
+def non_finite(a: np.ndarray) -> tuple[int, int]:
+    """(NaN count, Inf count) of a float array; (0, 0) for other dtypes (Polygraphy's --validate)."""
+    if not np.issubdtype(np.asarray(a).dtype, np.floating):
+        return 0, 0
+    return int(np.isnan(a).sum()), int(np.isinf(a).sum())

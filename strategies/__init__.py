@@ -11,8 +11,17 @@ A strategy is a class constructible with no arguments (options are keyword argum
 - ``budget``: int, the most distinct ``passes`` calls; the driver's ``passes`` raises :class:`BudgetExhausted`
   when it is exceeded and strategies let it propagate;
 - ``progress``: Callable[[dict], None], called with ``{"phase", "fp32_size", "best", "evaluations"}`` where
-  ``best`` is the smallest passing set known so far (or None);
-- ``batch``: Callable[[list[frozenset[str]]], list[bool]], evaluates independent sets at once.
+  ``best`` is the smallest passing set known so far (or None). An event may carry one more key:
+  ``"estimate"``: ``{"evaluations": int, "set_size": int, "diffuse": bool, "advice": str}`` — the strategy's
+  forecast of the total evaluations and the FP32 set size, whether the FP16 error looks diffuse (many nodes each
+  adding a little) rather than sparse (a few culprits), and a sentence naming cheaper alternatives (loosen the
+  tolerance, ``--strategy bisect``, ``--max-evals``). ``auto`` sends it after its first evaluations (when the
+  first culprit is isolated) and again when it switches to its diffuse search and when that knows its size;
+- ``batch``: Callable[[list[frozenset[str]]], list[bool]], evaluates independent sets at once;
+- ``workers``: int, how many sets one ``batch`` call may usefully hold (sets that run concurrently). Strategies
+  send no more per call and may propose that many independent sets per round; without ``batch`` it is ignored;
+- ``costs``: Mapping[str, float], FP32 cost per node (e.g. FLOPs: ``bisector.costs.node_costs(model)``); a
+  strategy may then prefer a cheaper FP32 set over a smaller one (``auto`` does where that is cheap to do).
 
 Nothing here imports ONNX: strategies only see names.
 """

@@ -28,6 +28,10 @@ class Asker:
         self._progress = progress if callable(progress) else None
         batch = hints.get("batch")
         self._batch = batch if callable(batch) else None
+        workers = hints.get("workers")
+        # how many sets one batch call may usefully hold (None: no limit); without ``batch`` there is no batching
+        self.workers: int | None = workers if isinstance(workers, int) and workers >= 1 else None
+        self.rounds = 0  # batch calls + single calls made (a measure of wall time when sets run concurrently)
 
     # ------------------------------------------------------------------ asking
     def _record(self, s: frozenset[str], ok: bool) -> None:
@@ -40,9 +44,29 @@ class Asker:
         s = frozenset(s)
         if s in self.memo:
             return self.memo[s]
+        self.rounds += 1
         ok = bool(self._passes(s))
         self._record(s, ok)
         return ok
+
+    @property
+    def parallel(self) -> int:
+        """Sets per round worth proposing: the ``workers`` hint when ``batch`` is offered, else 1."""
+        if self._batch is None:
+            return 1
+        return self.workers or 1
+
+    def emit(self, event: Mapping[str, object]) -> None:
+        """Send an extra event (e.g. ``{"estimate": {...}}``) through the ``progress`` hint, with the usual keys."""
+        if self._progress is not None:
+            d: dict[str, object] = {
+                "phase": self.phase,
+                "fp32_size": None,
+                "best": self.best,
+                "evaluations": len(self.memo),
+            }
+            d.update(event)
+            self._progress(d)
 
     def many(self, sets: Sequence[Iterable[str]]) -> list[bool]:
         """Answers for several independent sets; uses the ``batch`` hint when the driver offers one."""
@@ -55,11 +79,18 @@ class Asker:
                 todo.append(s)
         if todo:
             if self._batch is not None and len(todo) > 1:
-                answers = list(self._batch(todo))
-                if len(answers) != len(todo):
-                    raise ValueError("batch returned a different number of answers than sets")
-                for s, ok in zip(todo, answers):
-                    self._record(s, bool(ok))
+                step = self.workers or len(todo)  # no more sets per call than the driver can run at once
+                for i in range(0, len(todo), step):
+                    chunk = todo[i : i + step]
+                    if len(chunk) == 1:
+                        self(chunk[0])
+                        continue
+                    self.rounds += 1
+                    answers = list(self._batch(chunk))
+                    if len(answers) != len(chunk):
+                        raise ValueError("batch returned a different number of answers than sets")
+                    for s, ok in zip(chunk, answers):
+                        self._record(s, bool(ok))
             else:
                 for s in todo:
                     self(s)
@@ -99,12 +130,12 @@ def one_minimal(ask: Asker, s: frozenset[str], order: Sequence[str] | None = Non
         answers = ask.many([s - {n} for n in members])
         if not any(answers):
             return s
-        for n, ok in zip(members, answers):
-            if ok:
-                s = s - {n}
-                break
-        for n in sorted(s, key=rank.__getitem__):  # sweep: later removals may enable earlier ones next round
-            if len(s) > 0 and n in s and ask(s - {n}):
+        removable = [n for n, ok in zip(members, answers) if ok]
+        s = s - {removable[0]}
+        # sweep the other removals that passed (a node whose removal failed from the larger set is asked again
+        # only in the next full check: for a monotone oracle it fails again), then check everything again
+        for n in removable[1:]:
+            if ask(s - {n}):
                 s = s - {n}
 
 
@@ -116,6 +147,10 @@ def repair(ask: Asker, result: frozenset[str], order: Sequence[str] | None = Non
     Nodes of the failed proposal are tried for removal last: they are the likely culprits.
     """
     ask.phase = "verify"
+    if ask.parallel > 1 and result and result not in ask.memo:
+        # one round: the final check and every single removal (wasted only if the result fails)
+        rank = {n: i for i, n in enumerate(order)} if order is not None else ask.index
+        ask.many([result] + [result - {n} for n in sorted(result, key=rank.__getitem__)])
     if ask(result):
         return one_minimal(ask, result, order)
     start = ask.best
@@ -133,9 +168,22 @@ def repair(ask: Asker, result: frozenset[str], order: Sequence[str] | None = Non
 def greedy_reduce(ask: Asker, s: frozenset[str], order: Sequence[str]) -> frozenset[str]:
     """From a passing ``s``: try removing each node in ``order``, keep removals that pass; then 1-minimal."""
     ask.phase = "greedy"
-    for n in order:
-        if n in s and ask(s - {n}):
-            s = s - {n}
+    width = ask.parallel
+    if width <= 1:
+        for n in order:
+            if n in s and ask(s - {n}):
+                s = s - {n}
+    else:
+        # ``width`` removals per round; the first that passes is kept, later ones that passed are asked again
+        # against the smaller set (those that failed stay FP32: for a monotone oracle they fail again)
+        queue = [n for n in order if n in s]
+        while queue:
+            chunk, queue = queue[:width], queue[width:]
+            answers = ask.many([s - {n} for n in chunk])
+            first = next((i for i, ok in enumerate(answers) if ok), None)
+            if first is not None:
+                s = s - {chunk[first]}
+                queue = [n for n, ok in zip(chunk[first + 1 :], answers[first + 1 :]) if ok] + queue
     rank = {n: i for i, n in enumerate(order)}
     for n in ask.candidates:
         rank.setdefault(n, len(rank))

@@ -1,59 +1,77 @@
-"""``auto``: adaptive group testing (generalised binary splitting with an estimated number of culprits).
+"""``auto`` (the default): group testing while the FP16 error looks sparse, a ranked search when it is diffuse.
 
-The search view
----------------
-At any time the candidates are split into *D* (culprits found: must stay FP32), *U* (undecided) and cleared
-nodes (proven to be fine in FP16 together). Testing a group ``G ⊆ U`` means asking ``passes(D ∪ (U − G))``:
-everything undecided except ``G`` stays FP32, so for a monotone oracle (``passes(S)`` iff culprits ⊆ S) the
-answer is True exactly when ``G`` holds no culprit. A clean group is cleared at once; a contaminated group is
-halved until one culprit is isolated (Hwang's generalised binary splitting). The group size is chosen from a
-posterior over the number of culprits still in ``U``: with a prior P(k) on the total and the observations so
-far (|D| culprits found, the rest of the cleared nodes clean), P(m remaining) ∝ P(|D|+m)·C(|U|, m)/C(N, |D|+m),
-and the group is the size (a power of two, or all of ``U``) whose chance of being clean is most uncertain —
-the test that carries the most information. Testing all of ``U`` is the question "are we done?", which is
-literally ``passes(D)``: when it passes it is the final ``passes(R)`` check; when it fails just before the
-last culprit is found it is literally ``passes(R − {c})`` for that culprit.
+Sparse error (a few culprits that must all stay FP32)
+-----------------------------------------------------
+The search starts as ``gt`` (gt.py: adaptive group testing, ≈1.2–1.45 × log2 C(N, k) evaluations) and, with one
+worker, asks exactly the same sets in the same order. With a ``batch`` hint and ``workers`` = P > 1 each round
+holds up to P independent tests: every contaminated group still being halved gets one split test (or, when
+fewer groups are open than workers, is cut into s+1 parts of which s are tested at once), and free slots test
+new disjoint groups of the posterior's size. For a monotone oracle each test stands on its own (the other
+groups stay FP32), so the answers are the same as sequentially; the final ``passes(R)`` and every
+``passes(R − {n})`` go out together in one round.
 
-Verification (why the result is 1-minimal for any oracle)
----------------------------------------------------------
-No inference from monotonicity is trusted for the result: at the end ``passes(R)`` and every ``passes(R − {n})``
-are asked literally (re-asking a set costs nothing: the driver and this class both cache). If ``R`` fails or a
-removal passes — only possible for a non-monotone oracle — the result is repaired: greedy removal from the
-smallest passing set seen (or all candidates), then single-removal sweeps until stable.
+Diffuse error (many nodes each adding a little)
+-----------------------------------------------
+Group testing assumes culprits; under diffuse error (the additive model: passes iff the error weight of the
+FP16 nodes stays under a threshold) every group fails once the slack is used, group testing isolates a "culprit"
+per node that does not fit — a first-fit packing in topological order — and pays log2 of the group size for
+each. When more than ``diffuse_after`` culprits have turned up, ``auto`` switches:
 
-Scores
-------
-With informative ``scores`` (higher = more likely FP16-intolerant) candidates are visited in descending score
-order and the top ones are tested individually as long as each is a culprit; the first clean one ends that
-phase and the rest goes through group testing (still in score order, so likely culprits share groups).
+1. rank the candidates: the culprits found so far first (in discovery order: found against a larger slack means
+   heavier), then by the ``scores`` hint when given, else by a first-order estimate from ``probes`` random
+   tests of the search's own (FP32 set = culprits ∪ a random part of the rest, the part's size steered so
+   about half pass; a node's estimate is the pass rate of the probes that kept it FP32 minus of those that did
+   not). With the ``costs`` hint the order is by estimate per cost (the threshold then prefers cheap nodes).
+2. binary-search the shortest passing prefix of that order (P-ary with P workers);
+3. shrink it: remove nodes in reverse rank order (most expensive first among equals with ``costs``) while the
+   rest passes, then "drop two, add one" swaps (``swaps`` tries: two of the lowest-ranked members out, the
+   best-ranked outsider in), then the literal 1-minimality check.
+
+Estimate
+--------
+After the first evaluations (when the first culprit is isolated, or on switching to the diffuse search, and
+once more when the prefix is known) ``progress`` receives ``{"estimate": {"evaluations", "set_size",
+"diffuse", "advice"}}`` — expected total evaluations and FP32 set size, whether the error looks diffuse, and
+cheaper alternatives.
+
+Determinism: the probes come from a fixed-seed generator and every choice depends only on earlier answers, so
+the same answers give the same calls (a resumed search replays from the journal). The result is verified
+literally: ``passes(R)`` and every ``passes(R − {n})`` are asked (repair as in ``gt`` when they disagree).
 """
 
 from __future__ import annotations
 
 import math
+import random
 from typing import Callable, Mapping, Sequence
 
-from ._util import Asker, repair
+from ._util import Asker, greedy_reduce, one_minimal, repair
+from .gt import GroupTesting, _AllFail, _log_comb
 
 
-class _AllFail(Exception):
-    """Even all candidates in FP32 fail: nothing to search."""
+class _Diffuse(Exception):
+    """More culprits than sparse group testing should meet: switch to the ranked search."""
 
 
-def _log_comb(n: int, k: int) -> float:
-    if k < 0 or k > n:
-        return -math.inf
-    return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+def _positive_map(value: object, cands: Sequence[str]) -> dict[str, float] | None:
+    if not isinstance(value, Mapping) or not value:
+        return None
+    out: dict[str, float] = {}
+    for n in cands:
+        try:
+            out[n] = float(value.get(n, 0.0))  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            out[n] = 0.0
+    return out
 
 
-class Auto:
-    """Adaptive group testing with a 1-minimal, literally verified result.
+class Auto(GroupTesting):
+    """Group testing for sparse error, ranked threshold search for diffuse error; parallel rounds on request.
 
-    Options: ``prior_decay``, ``prior_power`` — the prior over the total number of culprits k is
-    P(k) ∝ decay^k · (k+1)^-power (default geometric, decay 0.7: small k likely, any k possible; tuned on the
-    synthetic benchmark); ``power_of_two`` — restrict group sizes to powers of two (Hwang) instead of any size;
-    ``smart_split`` — split contaminated groups where P(first part clean) ≈ 1/2 rather than in halves;
-    ``use_scores`` — follow the ``scores`` hint when given.
+    Options (besides ``gt``'s): ``diffuse_after`` — switch to the ranked search when more culprits than this have
+    been found (0 disables the switch); ``probes`` — random tests for the first-order ranking when no scores
+    are given (default: about 0.15·N, 16–64); ``swaps`` — "drop two, add one" tries after the shrink;
+    ``seed`` — the probes' generator seed.
     """
 
     name = "auto"
@@ -65,88 +83,18 @@ class Auto:
         power_of_two: bool = False,
         smart_split: bool = True,
         prior_power: float = 0.0,
+        diffuse_after: int = 8,
+        probes: int | None = None,
+        swaps: int = 4,
+        seed: int = 0,
+        cost_weight: float = 0.5,
     ) -> None:
-        self.prior_power = prior_power
-        self.power_of_two = power_of_two
-        self._post_cache: dict[tuple[int, int, int], list[tuple[int, float]]] = {}
-        self.smart_split = smart_split
-        if not 0.0 < prior_decay <= 1.0:
-            raise ValueError("prior_decay must be in (0, 1]")
-        self.prior_decay = prior_decay
-        self.use_scores = use_scores
-
-    # ------------------------------------------------------------------ posterior
-    def _log_prior(self, k: int) -> float:
-        return k * math.log(self.prior_decay) - self.prior_power * math.log(k + 1)
-
-    def _posterior(self, n_total: int, n_found: int, n_undecided: int) -> list[tuple[int, float]]:
-        """P(m culprits remain among the undecided), as (m, weight) pairs that sum to 1."""
-        key = (n_total, n_found, n_undecided)
-        cached = self._post_cache.get(key)
-        if cached is not None:
-            return cached
-        u = n_undecided
-        logw: list[tuple[int, float]] = []
-        for m in range(0, u + 1):
-            lw = self._log_prior(n_found + m) + _log_comb(u, m) - _log_comb(n_total, n_found + m)
-            logw.append((m, lw))
-            if m > 4 and lw < max(w for _, w in logw) - 40:  # the tail is negligible
-                break
-        top = max(lw for _, lw in logw)
-        weights = [(m, math.exp(lw - top)) for m, lw in logw]
-        z = sum(w for _, w in weights)
-        post = [(m, w / z) for m, w in weights]
-        self._post_cache[key] = post
-        return post
-
-    @staticmethod
-    def _p_clean(post: list[tuple[int, float]], u: int, g: int) -> float:
-        """P(a given group of g undecided nodes holds no culprit)."""
-        total = 0.0
-        for m, w in post:
-            if m <= u - g:
-                total += w * math.exp(_log_comb(u - g, m) - _log_comb(u, m))
-        return total
-
-    def _closest_half(self, f: Callable[[int], float], lo: int, hi: int) -> int:
-        """The size in [lo, hi] whose (non-increasing) probability f(size) is closest to 1/2."""
-        a, b = lo, hi
-        while b - a > 1:  # f(a) >= 1/2 > f(b) after the loop, when both ends straddle 1/2
-            mid = (a + b) // 2
-            if f(mid) >= 0.5:
-                a = mid
-            else:
-                b = mid
-        return min((a, b), key=lambda x: (abs(f(x) - 0.5), x))
-
-    def _group_size(self, post: list[tuple[int, float]], u: int) -> int:
-        if self.power_of_two:
-            best_g, best_d = u, 2.0
-            g = 1
-            sizes = []
-            while g < u:
-                sizes.append(g)
-                g *= 2
-            sizes.append(u)
-            for g in sizes:
-                d = abs(self._p_clean(post, u, g) - 0.5)
-                if d < best_d - 1e-12:
-                    best_g, best_d = g, d
-            return best_g
-        return self._closest_half(lambda g: self._p_clean(post, u, g), 1, u)
-
-    def _split_size(self, post: list[tuple[int, float]], u: int, g: int) -> int:
-        """For a contaminated group of g: the first-part size h whose P(clean | group contaminated) ≈ 1/2."""
-        if g <= 2 or not self.smart_split:
-            return g // 2
-        pg = self._p_clean(post, u, g)
-        if pg >= 1.0 - 1e-12:
-            return g // 2
-
-        def f(h: int) -> float:
-            return (self._p_clean(post, u, h) - pg) / (1.0 - pg)
-
-        return self._closest_half(f, 1, g - 1)
+        super().__init__(prior_decay, use_scores, power_of_two, smart_split, prior_power)
+        self.diffuse_after = diffuse_after
+        self.probes = probes
+        self.swaps = swaps
+        self.seed = seed
+        self.cost_weight = cost_weight
 
     # ------------------------------------------------------------------ search
     def search(
@@ -159,81 +107,375 @@ class Auto:
         ask = Asker(cands, passes, hints)
         if not cands:
             return frozenset()
+        self._estimated = False
         order = self._order(cands, hints.get("scores"))
-        n_total = len(order)
+        found: list[str] = []
+        undecided: list[str] = list(order)
+        try:
+            if ask.parallel > 1:
+                self._gt_parallel(ask, cands, order, found, undecided)
+            else:
+                self._gt_sequential(ask, cands, order, found, undecided)
+        except _AllFail:
+            return frozenset(cands)
+        except _Diffuse:
+            return self._diffuse(ask, cands, found, hints)
+        self._estimate(ask, len(cands), len(found), diffuse=False, final=True)
+        return repair(ask, frozenset(found), order)
 
-        found: list[str] = []  # D, in discovery order
-        undecided: list[str] = list(order)  # U, in visiting order
-        seen_pass = False
-        in_phase1 = False  # phase 1 ends at its first pass: its isolations need no all-FP32 sanity check
+    # ------------------------------------------------------------------ estimate event
+    def _estimate(self, ask: Asker, n: int, k: int, diffuse: bool, final: bool = False, size: int | None = None,
+                  evaluations: int | None = None) -> None:
+        if diffuse:
+            advice = (
+                "the FP16 error looks diffuse (many nodes each add a little): a smallest FP32 set costs about one "
+                "evaluation per node of the answer. Cheaper: loosen the tolerance (--atol/--rtol), use "
+                "`--strategy bisect` (about log2 N evaluations, a contiguous block, not minimal), or cap the "
+                "search with `--max-evals` (the best passing set so far is kept)."
+            )
+        else:
+            advice = (
+                "the FP16 error looks sparse (a few culprits): group testing needs about "
+                "1.3·log2 C(N, k) evaluations. To stop earlier: `--max-evals`, or `--strategy bisect`."
+            )
+        if not diffuse and final and self._estimated:
+            return
+        if size is None:
+            size = k
+        if evaluations is None:
+            evaluations = int(round(1.3 * max(0.0, _log_comb(n, max(size, 1)) / math.log(2)) + size + 2))
+        self._estimated = True
+        ask.emit({"estimate": {"evaluations": int(evaluations), "set_size": int(size), "diffuse": diffuse,
+                               "advice": advice}})
+
+    def _expected_k(self, n: int, found: int, undecided: int) -> int:
+        post = self._posterior(n, found, undecided)
+        return found + int(round(sum(m * w for m, w in post)))
+
+    # ------------------------------------------------------------------ sparse engine, one test per round
+    def _gt_sequential(self, ask: Asker, cands: list[str], order: list[str], found: list[str],
+                       undecided: list[str]) -> None:
+        """``gt``'s search, call for call, with the switch to the diffuse search (``found``/``undecided``
+        are updated in place)."""
+        n_total = len(order)
+        state = {"seen_pass": False, "in_phase1": False}
 
         def test(group: Sequence[str]) -> bool:
-            """True when ``group`` (⊆ U) can go FP16 together with everything already cleared."""
-            nonlocal seen_pass
             gone = set(group)
             ok = ask(frozenset(found) | frozenset(x for x in undecided if x not in gone))
-            seen_pass = seen_pass or ok
+            state["seen_pass"] = state["seen_pass"] or ok
             return ok
 
+        def drop(gone: set[str]) -> None:
+            undecided[:] = [x for x in undecided if x not in gone]
+
         def isolate(group: list[str]) -> None:
-            """``group`` ⊆ U is contaminated: halve it until one culprit is isolated; clear clean halves."""
-            nonlocal undecided, seen_pass
             while len(group) > 1:
                 post = self._posterior(n_total, len(found), len(undecided))
                 half = group[: self._split_size(post, len(undecided), len(group))]
                 if test(half):
-                    gone = set(half)
-                    undecided = [x for x in undecided if x not in gone]
+                    drop(set(half))
                     group = group[len(half) :]
                 else:
                     group = half
-            culprit = group[0]
-            if not seen_pass and not in_phase1:
-                # Nothing has passed yet: make sure all-FP32 passes at all before trusting any isolation.
-                if not ask(frozenset(cands)):
-                    raise _AllFail
-                seen_pass = True
-            found.append(culprit)
-            undecided = [x for x in undecided if x != culprit]
-            ask.report(len(found))
+            self._commit(ask, cands, state, found, undecided, group[0])
 
-        try:
-            # Phase 1 (only with informative scores): test the top-scored nodes one by one while they are culprits.
-            if order is not cands:
-                ask.phase = "scores"
-                in_phase1 = True
-                while undecided:
-                    if test(undecided[:1]):
-                        undecided = undecided[1:]
-                        break
-                    isolate(undecided[:1])
-                in_phase1 = False
-                # Are the top-scored culprits all of them? (When yes, this is the final passes(R) check.)
-                if found and undecided and test(undecided):
-                    undecided = []
-
-            # Phase 2: generalised binary splitting with a posterior-chosen group size.
-            ask.phase = "split"
+        if order is not cands:
+            ask.phase = "scores"
+            state["in_phase1"] = True
             while undecided:
-                post = self._posterior(n_total, len(found), len(undecided))
-                g = self._group_size(post, len(undecided))
-                group = undecided[:g]
-                if test(group):
-                    gone = set(group)
-                    undecided = [x for x in undecided if x not in gone]
-                    continue
-                isolate(group)
-        except _AllFail:
-            return frozenset(cands)
+                if test(undecided[:1]):
+                    del undecided[:1]
+                    break
+                isolate(undecided[:1])
+            state["in_phase1"] = False
+            if found and undecided and test(undecided):
+                undecided.clear()
+        ask.phase = "split"
+        while undecided:
+            post = self._posterior(n_total, len(found), len(undecided))
+            g = self._group_size(post, len(undecided))
+            group = undecided[:g]
+            if test(group):
+                drop(set(group))
+                continue
+            isolate(group)
 
-        result = frozenset(found)
-        return repair(ask, result, order)
+    def _commit(self, ask: Asker, cands: list[str], state: dict, found: list[str], undecided: list[str],
+                culprit: str) -> None:
+        if not state["seen_pass"] and not state["in_phase1"]:
+            if not ask(frozenset(cands)):
+                raise _AllFail
+            state["seen_pass"] = True
+        found.append(culprit)
+        undecided[:] = [x for x in undecided if x != culprit]
+        ask.report(len(found))
+        if not self._estimated:
+            self._estimate(ask, len(cands), self._expected_k(len(cands), len(found), len(undecided)), False)
+        if self.diffuse_after and len(found) > self.diffuse_after:
+            raise _Diffuse
 
-    def _order(self, cands: list[str], scores: object) -> list[str]:
-        if not self.use_scores or not isinstance(scores, Mapping) or not scores:
-            return cands
-        vals = {n: float(scores.get(n, 0.0)) for n in cands}  # type: ignore[arg-type]
-        if len(set(vals.values())) <= 1:
-            return cands
-        idx = {n: i for i, n in enumerate(cands)}
-        return sorted(cands, key=lambda n: (-vals[n], idx[n]))
+    # ------------------------------------------------------------------ sparse engine, P tests per round
+    def _gt_parallel(self, ask: Asker, cands: list[str], order: list[str], found: list[str],
+                     undecided: list[str]) -> None:
+        """Group testing in rounds of up to P independent tests (P = the ``workers`` hint)."""
+        width = ask.parallel
+        n_total = len(order)
+        state = {"seen_pass": False, "in_phase1": False}
+        active: list[list[str]] = []  # contaminated groups (each holds a culprit), disjoint, ⊆ undecided
+
+        def fp32_without(part: Sequence[str]) -> frozenset[str]:
+            gone = set(part)
+            return frozenset(found) | frozenset(x for x in undecided if x not in gone)
+
+        def run(parts: list[list[str]]) -> list[bool]:
+            answers = ask.many([fp32_without(p) for p in parts])
+            state["seen_pass"] = state["seen_pass"] or any(answers)
+            return answers
+
+        def clear(part: Sequence[str]) -> None:
+            gone = set(part)
+            undecided[:] = [x for x in undecided if x not in gone]
+
+        if order is not cands:  # informative scores: the top-scored nodes, P at a time, while all are culprits
+            ask.phase = "scores"
+            state["in_phase1"] = True
+            while undecided:
+                top = [[x] for x in undecided[:width]]
+                answers = run(top)
+                for (x,), ok in zip(top, answers):
+                    if ok:
+                        clear([x])
+                    else:
+                        self._commit(ask, cands, state, found, undecided, x)
+                if any(answers):
+                    break
+            state["in_phase1"] = False
+            if found and undecided and run([list(undecided)])[0]:
+                undecided.clear()
+
+        ask.phase = "split"
+        while undecided or active:
+            # contaminated singletons are culprits
+            for grp in [g for g in active if len(g) == 1]:
+                active.remove(grp)
+                self._commit(ask, cands, state, found, undecided, grp[0])
+            if not undecided:
+                break
+            tests: list[tuple[int, list[str]]] = []  # (index of the active group or -1, part tested)
+            plans: list[list[list[str]]] = []  # per active group: its parts (the last one untested)
+            slots = width
+            if active:
+                share = self._share(active[:slots], slots)
+                for i, (grp, s) in enumerate(zip(active, share)):
+                    parts = self._parts(grp, s, n_total, len(found) + len(active) - 1, len(undecided))
+                    plans.append(parts)
+                    for part in parts[:-1]:
+                        tests.append((i, part))
+                slots -= sum(share)
+            busy = {x for g in active for x in g}
+            free = [x for x in undecided if x not in busy]
+            new_groups: list[list[str]] = []
+            if slots > 0 and free:
+                post = self._posterior(n_total, len(found) + len(active), len(free))
+                g = self._group_size(post, len(free))
+                if g >= len(free):
+                    new_groups = [free]
+                else:
+                    new_groups = [free[i : i + g] for i in range(0, min(len(free), g * slots), g)]
+                for grp in new_groups:
+                    tests.append((-1, grp))
+            answers = run([part for _, part in tests])
+            # apply: new groups, then the split parts of each open group
+            new_active: list[list[str]] = []
+            k = 0
+            results_by_group: dict[int, list[bool]] = {}
+            for (gi, part), ok in zip(tests, answers):
+                if gi == -1:
+                    if ok:
+                        clear(part)
+                    else:
+                        new_active.append(part)
+                else:
+                    results_by_group.setdefault(gi, []).append(ok)
+                k += 1
+            for gi, parts in enumerate(plans):
+                oks = results_by_group.get(gi, [])
+                for part, ok in zip(parts[:-1], oks):
+                    if ok:
+                        clear(part)
+                    else:
+                        new_active.append(part)
+                if all(oks):  # every tested part clean: the culprit is in the last one
+                    new_active.append(parts[-1])
+                # else: the untested last part goes back to the free undecided nodes
+            active[:] = [grp for i, grp in enumerate(active) if i >= len(plans)] + new_active
+
+    def _share(self, groups: list[list[str]], slots: int) -> list[int]:
+        """Tests per open group this round: one each, spare slots to the largest groups (at most size − 1)."""
+        share = [1 if len(g) > 1 else 0 for g in groups]
+        spare = slots - sum(share)
+        while spare > 0:
+            best = max(range(len(groups)), key=lambda i: (math.log2(len(groups[i])) / (share[i] + 1), -i))
+            if share[best] >= len(groups[best]) - 1:
+                break
+            share[best] += 1
+            spare -= 1
+        return share
+
+    def _parts(self, grp: list[str], s: int, n_total: int, n_found: int, n_undecided: int) -> list[list[str]]:
+        """Cut a contaminated group into s+1 parts (the first s are tested); one test: ``gt``'s split point."""
+        if s <= 1:
+            post = self._posterior(n_total, max(n_found, 0), n_undecided)
+            h = self._split_size(post, n_undecided, len(grp))
+            return [grp[:h], grp[h:]]
+        size, extra = divmod(len(grp), s + 1)
+        out, start = [], 0
+        for i in range(s + 1):
+            end = start + size + (1 if i < extra else 0)
+            out.append(grp[start:end])
+            start = end
+        return [p for p in out if p]
+
+    # ------------------------------------------------------------------ diffuse search
+    def _diffuse(self, ask: Asker, cands: list[str], found: list[str], hints: Mapping[str, object]) -> frozenset[str]:
+        n = len(cands)
+        width = ask.parallel
+        costs = _positive_map(hints.get("costs"), cands)
+        if costs is not None:
+            positive = [c for c in costs.values() if c > 0]
+            floor = min(positive) if positive else 1.0
+            costs = {k: (v if v > 0 else floor) for k, v in costs.items()}
+        scores = _positive_map(hints.get("scores"), cands) if self.use_scores else None
+        if scores is not None and len(set(scores.values())) <= 1:
+            scores = None
+        self._estimate(ask, n, len(found), diffuse=True, size=max(len(found), 1),
+                       evaluations=len(ask.memo) + self._probe_count(n, scores) + 2 * int(math.log2(n) + 1)
+                       + 2 * len(found))
+        weigh_costs = costs is not None and scores is not None  # probe estimates are too rough to trade off
+        if scores is None:
+            ask.phase = "probe"
+            scores = self._probe(ask, cands, found, width)
+        head = set(found)
+        idx = ask.index
+        lo_s = min(scores.values())
+
+        def key(x: str) -> tuple:
+            value = scores[x] - lo_s + 1e-9
+            if weigh_costs:
+                value /= costs[x] ** self.cost_weight  # type: ignore[index]
+            return (-value, idx[x])
+
+        rank = list(found) + sorted((x for x in cands if x not in head), key=key)
+
+        # 2. the shortest passing prefix
+        ask.phase = "threshold"
+        lo, hi = 0, n  # prefix lo fails (or is empty), prefix hi passes (asked below when hi == n)
+        if ask.known(frozenset(found)) is False:
+            lo = len(found)
+        while hi - lo > 1:
+            k = min(width, hi - lo - 1)
+            points = [lo + (hi - lo) * (i + 1) // (k + 1) for i in range(k)]
+            points = sorted(set(p for p in points if lo < p < hi))
+            answers = ask.many([frozenset(rank[:p]) for p in points])
+            new_lo, new_hi = lo, hi
+            for p, ok in zip(points, answers):
+                if ok:
+                    new_hi = min(new_hi, p)
+                else:
+                    new_lo = max(new_lo, p)
+            if new_lo >= new_hi:  # not monotone along the order: keep the smallest passing prefix
+                lo, hi = new_hi - 1, new_hi
+                break
+            lo, hi = new_lo, new_hi
+        prefix = frozenset(rank[:hi])
+        if not ask(prefix):
+            return repair(ask, prefix, rank)
+        self._estimate(ask, n, hi, diffuse=True, size=hi, evaluations=len(ask.memo) + int(1.3 * hi) + 2)
+
+        # 3. shrink: least likely (per cost) first
+        pos = {x: i for i, x in enumerate(rank)}
+        if costs is None:
+            removal = sorted(prefix, key=lambda x: -pos[x])
+        else:  # the most expensive first among the lower-ranked half, then the rest from the bottom
+            bottom = sorted(prefix, key=lambda x: -pos[x])
+            half = bottom[: (len(bottom) + 1) // 2]
+            removal = sorted(half, key=lambda x: (-costs[x], -pos[x])) + bottom[len(half) :]
+        # Only the lowest-ranked part of the prefix is worth trying one by one: every removal that passes after
+        # a failed one makes that failed check stale, and the literal 1-minimality check re-asks the rest anyway.
+        window = removal
+        result = greedy_reduce(ask, prefix, window)
+        result = self._swap(ask, result, rank, costs)
+        return result
+
+    def _probe_count(self, n: int, scores: object) -> int:
+        if scores is not None:
+            return 0
+        if self.probes is not None:
+            return max(0, self.probes)
+        return max(16, min(64, round(0.15 * n)))
+
+    def _probe(self, ask: Asker, cands: list[str], found: list[str], width: int) -> dict[str, float]:
+        """First-order estimates: random FP32 sets (the culprits found plus a random part of the rest)."""
+        rng = random.Random(self.seed * 1_000_003 + len(cands))
+        rest = [x for x in cands if x not in set(found)]
+        m = self._probe_count(len(cands), None)
+        stats = {x: [1.0, 2.0, 1.0, 2.0] for x in rest}  # passes/total when FP32, passes/total when FP16
+        size = len(rest) // 2
+        done = 0
+        base = frozenset(found)
+        while done < m and rest:
+            k = min(width, m - done)
+            picks = [frozenset(rng.sample(rest, max(1, min(len(rest), size)))) for _ in range(k)]
+            answers = ask.many([base | p for p in picks])
+            for p, ok in zip(picks, answers):
+                for x in rest:
+                    st = stats[x]
+                    if x in p:
+                        st[0] += ok
+                        st[1] += 1
+                    else:
+                        st[2] += ok
+                        st[3] += 1
+                size = int(size * (0.85 if ok else 1.15)) + (0 if ok else 1)
+                size = max(1, min(len(rest), size))
+            done += k
+        return {**{x: st[0] / st[1] - st[2] / st[3] for x, st in stats.items()}, **{x: 1.0 for x in found}}
+
+    def _swap(self, ask: Asker, result: frozenset[str], rank: list[str],
+              costs: Mapping[str, float] | None) -> frozenset[str]:
+        """"Drop two, add one" (with costs also "drop one, add a cheaper one"), then 1-minimal again."""
+        if self.swaps <= 0 or len(result) < 2:
+            return result
+        ask.phase = "swap"
+        pos = {x: i for i, x in enumerate(rank)}
+        tries = 0
+        while tries < self.swaps and len(result) >= 2:  # an accepted swap can shrink the set below two
+            members = sorted(result, key=lambda x: -pos[x])  # lowest-ranked first
+            outside = [x for x in rank if x not in result]
+            if not outside:
+                break
+            proposals: list[frozenset[str]] = []
+            for j in range(min(len(outside), self.swaps - tries)):
+                a, b = members[0], members[1 + (j % max(1, len(members) - 1))]
+                c = outside[j]
+                proposals.append((result - {a, b}) | {c})
+                if costs is not None and len(proposals) < self.swaps - tries:
+                    heavy = max(result, key=lambda x: (costs[x], -pos[x]))
+                    if costs[c] < costs[heavy]:
+                        proposals.append((result - {heavy}) | {c})
+            proposals = [p for p in dict.fromkeys(proposals) if p not in ask.memo][: max(1, ask.parallel)]
+            if not proposals:
+                break
+            answers = ask.many(proposals)
+            tries += len(proposals)
+            better = [p for p, ok in zip(proposals, answers) if ok]
+            if not better:
+                continue
+            value = (lambda s: sum(costs[x] for x in s)) if costs is not None else len
+            best = min(better, key=lambda s: (value(s), len(s)))
+            if value(best) >= value(result):
+                continue
+            result = one_minimal(ask, best, rank)
+            ask.phase = "swap"
+        return one_minimal(ask, result, rank)

@@ -139,11 +139,15 @@ def test_nothing_passes_even_all_fp32(tmp_path):
     from bisector.model.polyjson import run_results_to_json
 
     wrong = tmp_path / "golden.json"
-    wrong.write_text(run_results_to_json("elsewhere", [{"y": np.full((1, 1, 256, 256), 1e3, np.float32)}], [0.0]))
+    # An FP32 reference runner's golden that does not fit (other inputs or another model): a reduced-precision
+    # or unnamed runner would be refused before any search (test_polygraphy_compat).
+    wrong.write_text(run_results_to_json("onnxrt-runner-N0-elsewhere",
+                                         [{"y": np.full((1, 1, 256, 256), 1e3, np.float32)}], [0.0]))
     r = run_cli("precision", SEED, *BASE, "--val-range", "x:[1,2]", "--load-outputs", wrong, "-o", tmp_path / "o",
                 "--cache-dir", tmp_path / "c")
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert "nothing passes, not even with every candidate FP32" in r.stderr and "y" in r.stderr
+    assert "same inputs" in r.stderr and "same model" in r.stderr and "FP32 runner" in r.stderr
 
 
 def test_disk_full_while_writing_artifacts_leaves_nothing_half_written(tmp_path, monkeypatch, capsys):
@@ -280,7 +284,7 @@ def _golden_of(tmp_path, arrays):
     from bisector.model.polyjson import run_results_to_json
 
     f = tmp_path / "golden.json"
-    f.write_text(run_results_to_json("elsewhere", [arrays], [0.0]))
+    f.write_text(run_results_to_json("onnxrt-runner-N0-elsewhere", [arrays], [0.0]))
     return f
 
 

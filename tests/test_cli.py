@@ -37,7 +37,7 @@ def test_second_search_reads_golden_from_cache(tmp_path, cache_dir, monkeypatch)
     monkeypatch.setattr(golden, "run_reference_model", no_reference_runs)
     assert main_cli("precision", SEED, *SEED_ARGS, "-o", tmp_path / "b", "--cache-dir", cache_dir) == 0
     c = json.loads((tmp_path / "b" / "constraints.json").read_text())
-    assert c["golden"] == {"source": "cache", "reference_runs": 0}
+    assert c["golden"] == {"source": "cache", "reference_runs": 0, "runner": None}  # runner: only for --load-outputs
 
 
 def test_run_seed_all_fp16_reproduces_tensorrt_numbers(tmp_path, cache_dir):

@@ -26,6 +26,7 @@ def test_polygraphy_files_load_in_bisector(tmp_path, cache_dir):
     assert code == 0
     c = json.loads((o / "constraints.json").read_text())
     assert c["golden"]["source"] == "file" and c["fp32_nodes"] == ["Add", "Sub"]
+    assert c["golden"]["runner"].startswith("onnxrt-runner-N0-")  # which runner of the file was golden
 
 
 def test_bisector_files_load_in_polygraphy(tmp_path, cache_dir):
@@ -39,8 +40,10 @@ def test_bisector_files_load_in_polygraphy(tmp_path, cache_dir):
     feeds = load_json(str(inp))
     assert len(feeds) == 2 and feeds[0]["x"].shape == (1, 1, 256, 256) and 1 <= feeds[0]["x"].min()
     results = RunResults.load(str(out))
-    runner, iterations = results[0]
-    assert runner == "bisector-emulate" and len(iterations) == 2
+    # one runner each, named as Polygraphy names them: the FP32 reference (golden), then the plan's outputs
+    (golden, golden_its), (runner, iterations) = results[0], results[1]
+    assert golden.startswith("onnxrt-runner-N0-") and runner.startswith("trt-runner-N0-") and len(iterations) == 2
+    np.testing.assert_allclose(np.asarray(golden_its[0]["y"]), _seed_ref(feeds[0]["x"]), rtol=1e-6)
     y = np.asarray(iterations[0]["y"])
     np.testing.assert_allclose(y, _seed_ref(feeds[0]["x"]), atol=1e-2)
     # and Polygraphy itself can run with our inputs

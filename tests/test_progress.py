@@ -88,3 +88,16 @@ def test_live_mode_renders_to_its_stream_only(capsys):
         p({"phase": "shrink", "fp32_size": 1, "best": frozenset({"a", "b"}), "evaluations": 1})
     assert "best passing" in stream.getvalue() and "a, b" in stream.getvalue()
     assert capsys.readouterr().out == ""
+
+
+def test_strategy_estimate_is_said_once_and_drives_the_eta():
+    stream = io.StringIO()
+    clock = iter(range(100)).__next__
+    p = SearchProgress(100, stream=stream, live=False, clock=lambda: float(clock()))
+    event = {"phase": "split", "estimate": {"evaluations": 40, "set_size": 12, "diffuse": True,
+                                            "advice": "loosen --atol or use --max-evals"}}
+    p(event)
+    p(event)
+    text = stream.getvalue()
+    assert text.count("estimate: about 40 evaluations") == 1 and "diffuse" in text and "--max-evals" in text
+    assert p.expected_total == 40

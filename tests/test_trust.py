@@ -129,7 +129,7 @@ def test_json_and_junit_on_a_full_disk_leave_the_old_files(tmp_path, monkeypatch
 
 # ---- 2. unambiguous keys ------------------------------------------------------------------------------------------
 def test_input_digests_are_framed():
-    from bisector.backends.emulate.executor import feeds_digest
+    from bisector.model.inputs import feeds_digest
 
     # Before: name + dtype + shape + bytes, concatenated: these two different feeds had one digest.
     one = {"a": np.array([1, 2], np.uint8), "b": np.array([3], np.uint8)}

@@ -8,15 +8,22 @@
 from __future__ import annotations
 
 from bisector.app.batch import BatchConfig, BatchResult, ModelEntry, load_config, run_batch
+from bisector.app.convert import convert
 from bisector.app.evaluate import EvaluateResult, evaluate
-from bisector.app.inspect import inspect
+from bisector.app.inspect import inspect, inspect_data, trt_network
+from bisector.app.polyrun import PolyRunResult, check_model, fp32_from_flags, gen_script, polyrun
 from bisector.app.options import BackendChoice, Cache, Inputs, Search, Tolerances
 from bisector.app.precision import PrecisionResult, precision
 from bisector.app.profile import ProfileResult, profile
 from bisector.app.verify import VerifyResult, verify
+from bisector.artifacts.junit import Case, Suite  # result presentation the commands share
+from bisector.artifacts.report_text import format_comparison
+from bisector.sensitivity import profile_document
 
 __all__ = [
     "precision", "verify", "evaluate", "profile", "inspect", "run_batch", "load_config",
     "PrecisionResult", "VerifyResult", "EvaluateResult", "ProfileResult", "BatchConfig", "BatchResult", "ModelEntry",
-    "Inputs", "Tolerances", "BackendChoice", "Cache", "Search",
+    "Inputs", "Tolerances", "BackendChoice", "Cache", "Search", "Suite", "Case", "format_comparison",
+    "profile_document", "polyrun", "PolyRunResult", "check_model", "fp32_from_flags", "convert", "inspect_data",
+    "trt_network", "gen_script",
 ]

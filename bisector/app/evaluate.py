@@ -45,7 +45,7 @@ def evaluate(model: str | Path, fp32: Iterable[str] = (), *, constraints: str | 
     first divergence. `save_outputs`: this plan's outputs as Polygraphy RunResults JSON."""
     from bisector.artifacts.report_text import first_divergence
     from bisector.files import write_text_atomic
-    from bisector.model.polyjson import run_results_to_json
+    from bisector.model.polyjson import run_results_many, runner_name
 
     groups = split_options(options, Inputs=inputs, Tolerances=tolerances, BackendChoice=backend, Cache=cache)
     if mark_all and groups[BackendChoice].backend != "emulate":
@@ -73,6 +73,16 @@ def evaluate(model: str | Path, fp32: Iterable[str] = (), *, constraints: str | 
                        for c in judged.comparisons]
         trace = [first_divergence(cat, c) for c in comparisons] if mark_all else []
         if save_outputs is not None:
-            write_text_atomic(Path(save_outputs), run_results_to_json(
-                f"bisector-{job.backend.name}", judged.outputs, judged.runtimes))
+            # Both runners, named as Polygraphy names them: the FP32 reference (golden) and this plan's outputs,
+            # each with its provenance, so the file can never pass off reduced-precision outputs as golden.
+            golden_name = job.golden.runner or runner_name("onnxrt-runner")
+            reduced = "fp32" if not plan.fp16 else "fp16"
+            write_text_atomic(Path(save_outputs), run_results_many([
+                (golden_name, [{k: o[k] for k in cat.output_names} for o in job.golden.outputs],
+                 [0.0] * len(job.golden.outputs), {"precision": "fp32", "role": "reference",
+                                                   "source": job.golden.source}),
+                (runner_name("trt-runner"), judged.outputs, judged.runtimes,
+                 {"precision": reduced, "role": "reduced", "backend": job.backend.name,
+                  "fp32_nodes": sorted(plan.fp32)}),
+            ]))
         return EvaluateResult(plan, judged.verdict, comparisons, trace, cat)

@@ -76,3 +76,50 @@ def _original_names(path: Path) -> list[str] | None:
         return [n.name for n in onnx.load(str(path), load_external_data=False).graph.node]
     except Exception:
         return None
+
+
+def trt_network(model: str | Path) -> dict[str, Any]:
+    """The network as TensorRT's ONNX parser would build it (layer names predicted from its naming; no TensorRT):
+    what Polygraphy's `inspect model --display-as=trt` shows."""
+    from bisector.backends.trt_layers import predict_layers
+
+    cat = Catalog.load(Path(model))
+    doc = describe(cat)
+    layers = [{"name": layer.name, "op": layer.op_type, "metadata": layer.metadata, "node": layer.owner,
+               "inputs": list(layer.inputs), "outputs": list(layer.outputs), "pinned": cat.pinned.get(layer.owner)}
+              for layer in predict_layers(cat)]
+    return {"name": cat.model.graph.name, "inputs": doc["inputs"], "outputs": doc["outputs"], "layers": layers}
+
+
+def inspect_data(path: str | Path) -> dict[str, Any]:
+    """What a Polygraphy inputs file (a list of feed dicts) or RunResults file holds: per iteration and runner,
+    each array's dtype, shape and stats; runners with their precision (provenance)."""
+    import json
+
+    import numpy as np
+
+    from bisector.errors import UsageError
+    from bisector.model.polyjson import decode_array, runner_precision
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise UsageError(f"file not found: {path}") from None
+    except ValueError as exc:
+        raise UsageError(f"{path} is not valid JSON ({exc})") from None
+
+    def describe_array(name: str, obj: dict) -> dict[str, Any]:
+        a = decode_array(obj, f"{path}:{name}")
+        stats = ({"mean": float(np.mean(a)), "min": float(np.min(a)), "max": float(np.max(a))}
+                 if a.size and a.dtype.kind in "fiub" else {})
+        return {"name": name, "dtype": str(a.dtype), "shape": list(a.shape), **stats}
+
+    if isinstance(data, list):
+        return {"kind": "inputs", "iterations": [[describe_array(k, v) for k, v in feeds.items()] for feeds in data]}
+    if isinstance(data, dict) and data.get("polygraphy_class") == "RunResults":
+        provenance = (data.get("bisector") or {}).get("runners", {})
+        return {"kind": "outputs", "runners": [
+            {"name": name, "precision": runner_precision(name, provenance),
+             "iterations": [[describe_array(k, v) for k, v in it.get("outputs", {}).items()] for it in iterations]}
+            for name, iterations in data["lst"]]}
+    raise UsageError(f"{path}: neither Polygraphy inputs (a list) nor RunResults")

@@ -99,7 +99,26 @@ def build_job(model: Path, inputs: Inputs, tolerances: Tolerances, backend: Back
         if unknown:
             raise UsageError(f"{flag} names unknown output(s) {unknown}; the model's outputs are {catalog.output_names}")
 
-    if inputs.load_inputs:
+    feeds_list, info = feeds_for(catalog, inputs)
+
+    cache_dir = None if cache.no_cache else (cache.cache_dir or default_cache_dir())
+    golden = get_golden(catalog, feeds_list, cache_dir, inputs.load_outputs)
+
+    if canary:
+        run_canary(make_backend)
+    made = make_backend()
+    made.open(catalog)
+    return Job(catalog, feeds_list, golden, tolerance, made, info, cache_dir)
+
+
+def feeds_for(catalog: Catalog, inputs: Inputs) -> tuple[list[Feeds], dict[str, Any]]:
+    """The input sets (script, files, or Polygraphy's data loader) and what describes them; saved if asked."""
+    if inputs.data_loader_script:
+        from bisector.model.inputs import load_data_script
+
+        feeds_list = load_data_script(inputs.data_loader_script, catalog)
+        info = {"source": "script", "script": str(inputs.data_loader_script)}
+    elif inputs.load_inputs:
         if inputs.val_range or inputs.input_shapes:
             log.warning("--load-inputs given: --val-range/--input-shapes are ignored")
         feeds_list = load_inputs(inputs.load_inputs, catalog)
@@ -114,15 +133,7 @@ def build_job(model: Path, inputs: Inputs, tolerances: Tolerances, backend: Back
     info["digest"] = inputs_digest(feeds_list)
     if inputs.save_inputs is not None:
         save_inputs(inputs.save_inputs, feeds_list)
-
-    cache_dir = None if cache.no_cache else (cache.cache_dir or default_cache_dir())
-    golden = get_golden(catalog, feeds_list, cache_dir, inputs.load_outputs)
-
-    if canary:
-        run_canary(make_backend)
-    made = make_backend()
-    made.open(catalog)
-    return Job(catalog, feeds_list, golden, tolerance, made, info, cache_dir)
+    return feeds_list, info
 
 
 def open_job(model: str | Path, *, canary: bool = True, backend_extra: dict[str, Any] | None = None,

@@ -28,7 +28,7 @@ from bisector.values import (
 
 # Headroom the search demands by default: a plan is accepted only if its worst output's error is at most this
 # fraction of the tolerance (issue: 1-minimal sets found on the CPU sit at the edge, where GPU FP16 differs).
-DEFAULT_MARGIN = 1.0
+DEFAULT_MARGIN = 0.9  # measured on an H100: docs/verification.md, issue 19
 
 
 def option(*flags: str, help: str, cli: Any = None, default: Any = dataclasses.MISSING,
@@ -67,6 +67,13 @@ def _per_output(value: Any, default: Any, flag: str, parse) -> PerOutput:
     return parse([str(value)])
 
 
+def _check_backend(name: str, flag: str) -> None:
+    from bisector.backends import BACKENDS
+
+    if name not in BACKENDS:
+        raise UsageError(f"{flag} {name!r}: choose one of {', '.join(BACKENDS)}")
+
+
 @dataclass
 class Inputs:
     """Inputs: generated like Polygraphy's data loader, or loaded from files; golden outputs from a file."""
@@ -82,8 +89,12 @@ class Inputs:
                               help="Input sets: Polygraphy JSON (polygraphy run --save-inputs) or .npz.")
     save_inputs: Optional[Path] = option("--save-inputs", default=None,
                                          help="Save the input sets used (Polygraphy JSON, or .npz).")
-    load_outputs: Optional[Path] = option("--load-outputs", default=None,
-                                          help="Golden outputs (Polygraphy RunResults JSON) instead of running ORT FP32.")
+    load_outputs: Any = option("--load-outputs", "--load-results", multi=True, cli=Optional[list[Path]], default=None,
+                               help="Golden outputs (Polygraphy RunResults JSON, one or more files) instead of running "
+                                    "ORT FP32; the FP32 reference runner among them is golden.")
+    data_loader_script: Optional[str] = option("--data-loader-script", default=None,
+                                               help="Polygraphy data loader script FILE[:FUNC] (default load_data): "
+                                                    "FUNC() returns or yields {input: array} per iteration.")
 
     def __post_init__(self) -> None:
         tokens = _tokens(self.val_range)
@@ -97,6 +108,11 @@ class Inputs:
             self.input_shapes = parse_input_shapes(tokens)
         else:
             self.input_shapes = {k: tuple(int(d) for d in v) for k, v in dict(self.input_shapes).items()}
+        if isinstance(self.load_outputs, (list, tuple)):  # several files: Polygraphy's nargs="+"
+            files = [Path(p) for p in self.load_outputs]
+            self.load_outputs = None if not files else files[0] if len(files) == 1 else files
+        elif self.load_outputs is not None:
+            self.load_outputs = Path(self.load_outputs)
         if isinstance(self.load_inputs, (str, Path)):
             self.load_inputs = [self.load_inputs]
         self.load_inputs = [Path(p) for p in (self.load_inputs or [])]
@@ -111,10 +127,10 @@ class Tolerances:
     """Tolerances: Polygraphy's comparison semantics (DESIGN §5), plus the headroom the search demands."""
 
     panel: ClassVar[str] = "Tolerances"
-    atol: Any = option("--atol", multi=True, cli=Optional[list[str]], default=None,
+    atol: Any = option("--atol", "--abs-tol", multi=True, cli=Optional[list[str]], default=None,
                        help="Absolute tolerance, per output with out:value (Polygraphy default 1e-5, too strict "
                             "for FP16: try 1e-1).")
-    rtol: Any = option("--rtol", multi=True, cli=Optional[list[str]], default=None,
+    rtol: Any = option("--rtol", "--rel-tol", multi=True, cli=Optional[list[str]], default=None,
                        help="Relative tolerance, per output with out:value (Polygraphy default 1e-5).")
     check_error_stat: Any = option("--check-error-stat", multi=True, cli=Optional[list[str]], default=None,
                                    help=f"{', '.join(ERROR_STATS)} (default elemwise); per output with out:stat.")
@@ -152,8 +168,12 @@ class BackendChoice:
     panel: ClassVar[str] = "Backend"
     backend: str = option("--backend", default="emulate",
                           help="emulate (CPU FP16 storage emulation), ort-cuda, tensorrt, tensorrt-rtx.")
+    fp16_arithmetic: str = option("--fp16-arithmetic", default="storage",
+                                  help="emulate: storage (DESIGN §4: FP16 tensors, FP32 math inside a layer) or gpu "
+                                       "(also the FP16 bias epilogue of ORT-CUDA Conv/Gemm).")
     precision_constraints: str = option("--precision-constraints", default="obey",
-                                        help="TensorRT 10 weak typing: obey or prefer.")
+                                        help="TensorRT 10 weak typing: obey, prefer or none (Polygraphy's). Emulate "
+                                             "applies the requested precisions exactly, whatever this says.")
     strongly_typed: bool = option("--strongly-typed", default=False,
                                   help="TensorRT >= 10.12: build strongly typed from the mixed-precision ONNX.")
     load_timing_cache: Optional[Path] = option("--load-timing-cache", default=None, help="TensorRT timing cache to start from.")
@@ -167,19 +187,19 @@ class BackendChoice:
                                           help="Keep each candidate's TensorRT engine in this directory.")
 
     def __post_init__(self) -> None:
-        from bisector.backends import BACKENDS
+        _check_backend(self.backend, "--backend")
+        from bisector.fp16.arithmetic import check_mode
 
-        if self.backend not in BACKENDS:
-            raise UsageError(f"--backend {self.backend!r}: choose one of {', '.join(BACKENDS)}")
-        if self.precision_constraints not in ("obey", "prefer"):
-            raise UsageError(f"--precision-constraints {self.precision_constraints!r}: choose obey or prefer")
+        self.fp16_arithmetic = check_mode(self.fp16_arithmetic)
+        if self.precision_constraints not in ("obey", "prefer", "none"):
+            raise UsageError(f"--precision-constraints {self.precision_constraints!r}: choose obey, prefer or none")
         if self.builder_optimization_level is not None and not 0 <= self.builder_optimization_level <= 5:
             raise UsageError(f"--builder-optimization-level {self.builder_optimization_level}: choose 0-5")
 
     def backend_options(self, input_shapes: Mapping[str, tuple[int, ...]], **extra: Any) -> dict[str, Any]:
         """Keyword options for the backend factory; each backend takes the ones it knows."""
         return {
-            "precision_constraints": self.precision_constraints, "strongly_typed": self.strongly_typed or None,
+            "fp16_arithmetic": self.fp16_arithmetic, "precision_constraints": self.precision_constraints, "strongly_typed": self.strongly_typed or None,
             "load_timing_cache": self.load_timing_cache, "save_timing_cache": self.save_timing_cache,
             "builder_optimization_level": self.builder_optimization_level, "tactic_sources": self.tactic_sources,
             "save_engines": self.save_engines, "input_shapes": dict(input_shapes) or None, **extra,
@@ -209,6 +229,9 @@ class Search:
     panel: ClassVar[str] = "Search"
     strategy: str = option("--strategy", default="auto",
                            help="Search strategy plugin (entry-point group bisector.strategies).")
+    objective: str = option("--objective", default="count",
+                            help="What the smallest set minimises: count (nodes) or flops (estimated FP32 cost: "
+                                 "one Add is cheaper to keep than one MatMul).")
     direction: Optional[str] = option("--direction", default=None,
                                       help="bisect/linear: forward (FP32 prefix) or reverse (suffix).")
     scores: Optional[str] = option("--scores", default=None,
@@ -217,6 +240,9 @@ class Search:
     start_from: Optional[Path] = option("--start-from", default=None,
                                         help="A constraints.json found elsewhere: confirm its FP32 set here and "
                                              "extend or shrink it, instead of searching from scratch.")
+    confirm_on: Optional[str] = option("--confirm-on", default=None,
+                                       help="Re-judge the final set on this backend (ort-cuda, tensorrt, …) and, "
+                                            "where it fails there, extend it there (as --start-from does).")
     resume: bool = option("--resume/--no-resume", default=True,
                           help="Answer repeated plans from the journal of earlier runs with the same key.")
     max_evals: Optional[int] = option("--max-evals", default=None,
@@ -228,6 +254,10 @@ class Search:
     def __post_init__(self) -> None:
         if self.direction not in (None, "forward", "reverse"):
             raise UsageError(f"--direction {self.direction!r}: choose forward or reverse")
+        if self.objective not in ("count", "flops"):
+            raise UsageError(f"--objective {self.objective!r}: choose count or flops")
+        if self.confirm_on is not None:
+            _check_backend(self.confirm_on, "--confirm-on")
         if self.max_evals is not None and self.max_evals < 1:
             raise UsageError(f"--max-evals {self.max_evals}: must be at least 1")
         if self.time_limit is not None and not (self.time_limit > 0 and math.isfinite(self.time_limit)):
@@ -235,6 +265,177 @@ class Search:
 
 
 GROUPS: tuple[type, ...] = (Inputs, Tolerances, BackendChoice, Cache, Search)
+
+
+# ---- Polygraphy `run` compatibility (issue 18): runners, comparison, TensorRT-only builder flags ----------------
+PRECISION_FLAGS = ("fp16", "bf16")
+
+
+@dataclass
+class Runners:
+    """Runners, Polygraphy-style: `--onnxrt` is the FP32 reference (golden); `--trt` is the reduced-precision runner,
+    evaluated on --backend (emulate by default). With both, they are compared like `polygraphy run --trt --onnxrt`."""
+
+    panel: ClassVar[str] = "Runners (Polygraphy)"
+    onnxrt: bool = option("--onnxrt", default=False, help="Run ONNX Runtime FP32: the reference runner (golden).")
+    trt: bool = option("--trt", default=False,
+                       help="Run the TensorRT-like runner on --backend: FP32 unless --fp16/--bf16 (as in TensorRT).")
+    bf16: bool = option("--bf16", default=False, help="BF16 storage for the non-FP32 layers (round to nearest even).")
+    tf32: bool = option("--tf32", default=False,
+                        help="Accepted (TF32 math is a TensorRT kernel choice; no effect on emulate).")
+    layer_precisions: Any = option("--layer-precisions", multi=True, cli=Optional[list[str]], default=None,
+                                   help="Per-layer precisions NAME:float32|float16 (TensorRT layer names, as the "
+                                        "ONNX parser names them).")
+    trt_npps: Any = option("--trt-network-postprocess-script", "--trt-npps", multi=True, cli=Optional[list[str]],
+                           default=None, help="TensorRT network postprocess script FILE[:FUNC] (default postprocess); "
+                                              "the precisions it sets on layers are applied.")
+    trt_outputs: Any = option("--trt-outputs", multi=True, cli=Optional[list[str]], default=None,
+                              help="Tensors the --trt runner returns: names, or `mark all` (emulate).")
+    onnx_outputs: Any = option("--onnx-outputs", multi=True, cli=Optional[list[str]], default=None,
+                               help="Tensors the --onnxrt runner returns: names, or `mark all`.")
+    trt_exclude_outputs: Any = option("--trt-exclude-outputs", multi=True, cli=Optional[list[str]], default=None,
+                                      help="Tensors to leave out of the --trt runner's outputs (with mark all).")
+    onnx_exclude_outputs: Any = option("--onnx-exclude-outputs", multi=True, cli=Optional[list[str]], default=None,
+                                       help="Tensors to leave out of the --onnxrt runner's outputs (with mark all).")
+    model_type: Optional[str] = option("--model-type", default=None,
+                                       help="onnx (default); engine, trt-network-script, ... need real TensorRT.")
+    golden_runner: Optional[str] = option("--golden-runner", default=None,
+                                          help="The runner of --load-outputs to use as golden (default: its FP32 "
+                                               "reference runner, e.g. onnxrt-runner-N0-...).")
+    allow_reduced_golden: bool = option("--allow-reduced-golden", default=False,
+                                        help="Accept a reduced-precision runner's outputs as golden (normally refused).")
+    gen_script: Optional[Path] = option("--gen-script", default=None,
+                                        help="Write a Python script that reproduces this run, and exit.")
+
+    def __post_init__(self) -> None:
+        self.layer_precisions = parse_layer_precisions(self.layer_precisions)
+        self.trt_npps = list(self.trt_npps or [])
+        self.trt_outputs = _marked(self.trt_outputs, "--trt-outputs")
+        self.onnx_outputs = _marked(self.onnx_outputs, "--onnx-outputs")
+        if self.model_type not in (None, "onnx", "engine", "trt-network-script", "frozen", "keras", "ckpt", "tf",
+                                   "onnx-like"):
+            raise UsageError(f"--model-type {self.model_type!r}: choose onnx (or engine / trt-network-script, which "
+                             f"need TensorRT)")
+
+
+def parse_layer_precisions(value: Any) -> dict[str, str]:
+    if value is None:
+        return {}
+    if isinstance(value, Mapping):
+        return {str(k): str(v) for k, v in value.items()}
+    from bisector.values import split_name
+
+    out = {}
+    for tok in value:
+        name, prec = split_name(tok)
+        if not name:
+            raise UsageError(f"--layer-precisions {tok!r}: expected NAME:float32 or NAME:float16")
+        out[name] = prec
+    return out
+
+
+def _marked(value: Any, flag: str) -> Optional[list[str]]:
+    """None (the graph outputs), ["*"] (`mark all`), or tensor names."""
+    if value is None:
+        return None
+    tokens = list(value)
+    if not tokens:
+        return None
+    if tokens == ["mark", "all"] or tokens == ["mark all"]:
+        return ["*"]
+    if "mark" in tokens and "all" in tokens:
+        raise UsageError(f"{flag}: `mark all` cannot be mixed with tensor names")
+    return tokens
+
+
+@dataclass
+class Comparison:
+    """Comparison: Polygraphy's comparison options besides tolerances."""
+
+    panel: ClassVar[str] = "Comparison (Polygraphy)"
+    compare_func: str = option("--compare-func", default="simple",
+                               help="simple (tolerances) or indices (outputs hold indices, e.g. Top-K).")
+    index_tolerance: int = option("--index-tolerance", default=0,
+                                  help="--compare-func indices: how many places an index may move.")
+    fail_fast: bool = option("--fail-fast", default=False, help="Stop at the first mismatched output.")
+    validate: bool = option("--validate", default=False, help="Fail on NaN or Inf in any runner's outputs.")
+
+    def __post_init__(self) -> None:
+        if self.compare_func not in ("simple", "indices"):
+            raise UsageError(f"--compare-func {self.compare_func!r}: choose simple or indices")
+        if self.index_tolerance < 0:
+            raise UsageError(f"--index-tolerance {self.index_tolerance}: must be at least 0")
+
+
+@dataclass
+class TrtBuilder:
+    """TensorRT builder flags: accepted and recorded everywhere; used by --backend tensorrt, no effect on emulate."""
+
+    panel: ClassVar[str] = "TensorRT builder (no effect on emulate)"
+    int8: bool = option("--int8", default=False, help="TensorRT INT8 (needs calibration; not searched).")
+    fp8: bool = option("--fp8", default=False, help="TensorRT FP8.")
+    sparse_weights: bool = option("--sparse-weights", default=False, help="TensorRT structured sparsity.")
+    pool_limit: Any = option("--pool-limit", "--memory-pool-limit", multi=True, cli=Optional[list[str]],
+                             default=None, help="TensorRT memory pool limits, POOL:SIZE.")
+    workspace: Optional[str] = option("--workspace", default=None, help="TensorRT workspace size (deprecated).")
+    load_tactics: Optional[Path] = option("--load-tactics", default=None, help="TensorRT tactic replay file to load.")
+    save_tactics: Optional[Path] = option("--save-tactics", default=None, help="TensorRT tactic replay file to save.")
+    hardware_compatibility_level: Optional[str] = option("--hardware-compatibility-level", default=None,
+                                                         help="TensorRT hardware compatibility level.")
+    version_compatible: bool = option("--version-compatible", default=False,
+                                      help="TensorRT version-compatible engine.")
+    profiling_verbosity: Optional[str] = option("--profiling-verbosity", default=None,
+                                                help="TensorRT profiling verbosity.")
+    trt_min_shapes: Any = option("--trt-min-shapes", multi=True, cli=Optional[list[str]], default=None,
+                                 help="TensorRT optimization profile minimum shapes.")
+    trt_opt_shapes: Any = option("--trt-opt-shapes", multi=True, cli=Optional[list[str]], default=None,
+                                 help="TensorRT optimization profile optimum shapes.")
+    trt_max_shapes: Any = option("--trt-max-shapes", multi=True, cli=Optional[list[str]], default=None,
+                                 help="TensorRT optimization profile maximum shapes.")
+    save_engine: Optional[Path] = option("--save-engine", default=None,
+                                         help="Save the TensorRT engine (needs --backend tensorrt).")
+    calibration_cache: Optional[Path] = option("--calibration-cache", default=None, help="TensorRT INT8 calibration cache.")
+    use_dla: bool = option("--use-dla", default=False, help="TensorRT: build for DLA.")
+    allow_gpu_fallback: bool = option("--allow-gpu-fallback", default=False, help="TensorRT DLA: allow GPU fallback.")
+    plugins: Any = option("--plugins", multi=True, cli=Optional[list[str]], default=None,
+                          help="TensorRT plugin libraries to load.")
+    onnxrt_providers: Any = option("--providers", "--onnxrt-providers", multi=True, cli=Optional[list[str]],
+                                   default=None, help="ONNX Runtime execution providers (the reference runs on CPU).")
+
+    def given(self) -> dict[str, Any]:
+        """The flags set to something other than their default: {flag: value}."""
+        out = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if v not in (None, False, [], ()):
+                out[f.metadata["flags"][0]] = v if not isinstance(v, Path) else str(v)
+        return out
+
+
+@dataclass
+class PolyLogging:
+    """Polygraphy's logging flags (`-v` is --verbose)."""
+
+    panel: ClassVar[str] = "Output"
+    quiet: bool = option("-q", "--quiet", default=False, help="Warnings and errors only.")
+    silent: bool = option("--silent", default=False, help="Errors only.")
+    log_file: Optional[Path] = option("--log-file", default=None, help="Also write the log to this file.")
+
+    def apply(self) -> None:
+        import logging
+
+        logger = logging.getLogger("bisector")
+        if self.silent:
+            logger.setLevel(logging.ERROR)
+        elif self.quiet:
+            logger.setLevel(logging.WARNING)
+        if self.log_file is not None:
+            handler = logging.FileHandler(self.log_file)
+            handler.setFormatter(logging.Formatter("[bisector] %(levelname)s %(message)s"))
+            logger.addHandler(handler)
+
+
+POLYGRAPHY_GROUPS: tuple[type, ...] = (Runners, Comparison, TrtBuilder, PolyLogging)
 
 
 def split_options(flat: Mapping[str, Any], groups: tuple[type, ...] = GROUPS, **given: Any) -> dict[type, Any]:

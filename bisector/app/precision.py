@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -66,6 +67,12 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
     budget = Budget(max_evals=s.max_evals, time_limit=s.time_limit)  # the whole command's clock starts here
     if output_dir is not None:
         ensure_dir(Path(output_dir))  # fail on an unwritable -o before hours of search
+    confirm = None
+    if s.confirm_on is not None:  # a missing GPU package is exit 2 now, not after the search
+        from bisector.backends import backend_factory
+
+        confirm = dataclasses.replace(groups[BackendChoice], backend=s.confirm_on)
+        backend_factory(confirm.backend, **confirm.backend_options(groups[Inputs].input_shapes))
     t0 = time.perf_counter()
     job = build_job(Path(model), groups[Inputs], groups[Tolerances], groups[BackendChoice], groups[Cache])
     journal = None
@@ -82,6 +89,11 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
             hints["scores"] = {n["name"]: n["score"] for n in profile_nodes}
         elif s.scores is not None:
             hints["scores"] = _load_scores(s.scores, cat.candidates)
+        from bisector.costs import node_costs
+
+        costs = node_costs(cat.model)  # estimated FP32 cost per node (reported; the objective with --objective flops)
+        if s.objective == "flops":
+            hints["costs"] = {n: costs.get(n, 1.0) for n in cat.candidates}
         start = _start_set(s.start_from, cat) if s.start_from is not None else None
         journal = job.journal(resume=s.resume)
         observers = [f for f in (on_verdict, progress.on_verdict if progress is not None else None) if f]
@@ -94,6 +106,10 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
         finally:
             if progress is not None:
                 progress.end()
+        confirmed_on = None
+        if confirm is not None and result.passed:
+            result = _confirm(Path(model), groups, confirm, s, result)
+            confirmed_on = confirm.backend
         extra_report, t_plot = "", 0.0
         if plot and output_dir is not None:
             if job.backend.name != "emulate":
@@ -113,6 +129,10 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
                    "backend_run": sum(v.seconds.get("run", 0.0) for v in oracle.history),
                    "compare": sum(v.seconds.get("compare", 0.0) for v in oracle.history), "plot": t_plot}
         constraints = _constraints(job, Path(model), result, s.strategy, timings)
+        constraints.confirmed_on = confirmed_on
+        constraints.objective = s.objective
+        constraints.fp32_cost = {"set": sum(costs.get(n, 1.0) for n in result.fp32),
+                                 "all_candidates": sum(costs.get(n, 1.0) for n in cat.candidates)}
         paths = None
         if output_dir is not None:
             from bisector.artifacts.write import write_artifacts
@@ -131,6 +151,21 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
             journal.close()
 
 
+def _confirm(model: Path, groups: dict, confirm: BackendChoice, s: Search, found: SearchResult) -> SearchResult:
+    """Judge the set found here on the hardware backend; where it fails there, extend (then shrink) it there."""
+    with build_job(model, groups[Inputs], groups[Tolerances], confirm, groups[Cache]) as there:
+        journal = there.journal(resume=s.resume)
+        try:
+            oracle = there.oracle(budget=Budget(max_evals=s.max_evals, time_limit=s.time_limit), journal=journal)
+            result = run_search(oracle, s.strategy, {"direction": s.direction}, start=found.fp32)
+        finally:
+            if journal is not None:
+                journal.close()
+    log.info("--confirm-on %s: the set of %d node(s) %s there; final set %d node(s)", confirm.backend,
+             len(found.fp32), "holds" if result.fp32 <= found.fp32 else "was extended", len(result.fp32))
+    return result
+
+
 def _constraints(job: Job, model: Path, result: SearchResult, strategy: str, timings: dict) -> Constraints:
     cat = job.catalog
     return Constraints(
@@ -138,7 +173,7 @@ def _constraints(job: Job, model: Path, result: SearchResult, strategy: str, tim
         tolerances=job.tolerance.describe(), inputs=job.inputs_info, fp32_nodes=sorted(result.fp32),
         passed=result.passed, minimal=result.minimal, stop_reason=result.stop_reason,
         evaluations=Evaluations(**result.evaluations),
-        golden=Golden(source=job.golden.source, reference_runs=job.golden.reference_runs),
+        golden=Golden(source=job.golden.source, reference_runs=job.golden.reference_runs, runner=job.golden.runner),
         strategy=strategy, candidates=len(cat.candidates), pinned=cat.pinned, timings=timings,
         outputs={k: v.to_json() for k, v in result.verdict.outputs.items()},
         worst_input_set=result.verdict.worst_set, headroom=_headroom(result.verdict), machine=machine_description(),

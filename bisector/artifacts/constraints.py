@@ -22,6 +22,7 @@ class Evaluations(BaseModel):
 class Golden(BaseModel):
     source: str = Field(description="computed | cache | file")
     reference_runs: int = 0
+    runner: Optional[str] = Field(default=None, description="source file: the runner of --load-outputs used as golden")
 
 
 class Constraints(BaseModel):
@@ -47,6 +48,11 @@ class Constraints(BaseModel):
                                     "on its worst input set")
     headroom: Optional[float] = Field(None, description="1 - (worst error / tolerance) of the final set on the "
                                       "backend that judged it; None when it does not pass")
+    objective: str = Field("count", description="what the search minimised: count (nodes) or flops")
+    fp32_cost: dict[str, float] = Field(default_factory=dict, description="estimated FP32 cost (MACs/elements, "
+                                        "bisector.costs) of the set and of all candidates")
+    confirmed_on: Optional[str] = Field(None, description="the backend that re-judged (and, where needed, extended) "
+                                        "the final set with --confirm-on")
     machine: dict[str, str] = Field(default_factory=dict, description="CPU, instruction set and ONNX Runtime "
                                     "version the verdicts were measured with")
     worst_input_set: int = Field(0, description="index of the input set on which the final plan is furthest from "

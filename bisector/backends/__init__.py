@@ -15,11 +15,14 @@ def backend_factory(name: str, **options: Any) -> Callable[[], Backend]:
     if name == "emulate":
         from bisector.backends.emulate.backend import EmulateBackend
 
-        return lambda: EmulateBackend(**{k: v for k, v in options.items() if k in ("threads",)})
+        opts = {k: v for k, v in options.items() if k in ("threads", "storage")}
+        if options.get("fp16_arithmetic"):
+            opts["arithmetic"] = options["fp16_arithmetic"]
+        return lambda: EmulateBackend(**opts)
     if name == "ort-cuda":
-        from bisector.backends.ort_cuda import OrtCudaBackend, _import_ort
+        from bisector.backends.ort_cuda import OrtCudaBackend, import_ort
 
-        _import_ort(check_cuda=True)  # a missing provider is reported before golden outputs are computed
+        import_ort(check_cuda=True)  # a missing provider is reported before golden outputs are computed
 
         return lambda: OrtCudaBackend(**{k: v for k, v in options.items() if k in ("device_id", "strict")})
     if name in ("tensorrt", "tensorrt-rtx"):

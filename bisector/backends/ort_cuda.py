@@ -69,7 +69,7 @@ class OrtCudaBackend:
         self.session_cache_size = max(1, int(session_cache_size))
         self.graph_optimization = graph_optimization
         self._forced_providers = list(providers) if providers is not None else None
-        self.ort = _import_ort(check_cuda=providers is None)
+        self.ort = import_ort(check_cuda=providers is None)
         self.catalog: Catalog | None = None
         self._sessions: OrderedDict[tuple, Any] = OrderedDict()
         self._device: dict[str, str] | None = None
@@ -280,7 +280,7 @@ class OrtCudaBackend:
                              f"missing). {_INSTALL_HINT}")
 
 
-def _import_ort(check_cuda: bool):
+def import_ort(check_cuda: bool):
     import onnxruntime as ort
 
     if not check_cuda:

@@ -107,19 +107,11 @@ class ITensor:
         return f"ITensor({self.name!r}, {self.dtype.name})"
 
 
-class ILayer:
-    """One predicted layer; records the precision and output types a script sets."""
+class _TensorIO:
+    """Inputs and outputs, as TensorRT's layers and networks both expose them."""
 
-    def __init__(self, predicted: PredictedLayer, inputs: list[ITensor], outputs: list[ITensor]) -> None:
-        self.name = predicted.name
-        self.metadata = predicted.metadata
-        self.type = LayerType[_LAYER_TYPES.get(predicted.op_type, "PLUGIN_V3")]
-        self._inputs, self._outputs = inputs, outputs
-        self._precision: Any = None
-        self._output_types: dict[int, Any] = {}
-
-    def __repr__(self) -> str:
-        return f"ILayer({self.name!r}, {self.type.name})"
+    _inputs: list[ITensor]
+    _outputs: list[ITensor]
 
     @property
     def num_inputs(self) -> int:
@@ -134,6 +126,22 @@ class ILayer:
 
     def get_output(self, index: int) -> ITensor:
         return self._outputs[index]
+
+
+class ILayer(_TensorIO):
+    """One predicted layer; records the precision and output types a script sets."""
+
+    def __init__(self, predicted: PredictedLayer, inputs: list[ITensor], outputs: list[ITensor]) -> None:
+        self.name = predicted.name
+        self.metadata = predicted.metadata
+        self.type = LayerType[_LAYER_TYPES.get(predicted.op_type, "PLUGIN_V3")]
+        self._inputs, self._outputs = inputs, outputs
+        self._precision: Any = None
+        self._output_types: dict[int, Any] = {}
+
+    def __repr__(self) -> str:
+        return f"ILayer({self.name!r}, {self.type.name})"
+
 
     @property
     def precision(self) -> Any:
@@ -168,7 +176,7 @@ class ILayer:
         return self._precision == DataType.FLOAT or DataType.FLOAT in self._output_types.values()
 
 
-class INetworkDefinition:
+class INetworkDefinition(_TensorIO):
     """The predicted layers of one model, in parser order."""
 
     def __init__(self, name: str, layers: list[ILayer], inputs: list[ITensor], outputs: list[ITensor]) -> None:
@@ -191,19 +199,6 @@ class INetworkDefinition:
     def __iter__(self) -> Iterator[ILayer]:
         return iter(self._layers)
 
-    @property
-    def num_inputs(self) -> int:
-        return len(self._inputs)
-
-    def get_input(self, index: int) -> ITensor:
-        return self._inputs[index]
-
-    @property
-    def num_outputs(self) -> int:
-        return len(self._outputs)
-
-    def get_output(self, index: int) -> ITensor:
-        return self._outputs[index]
 
 
 RecordingNetwork = INetworkDefinition

@@ -15,6 +15,8 @@ def expand_multi_value_flags(argv: Sequence[str], flags: frozenset[str] | None =
         from bisector.cli.options import multi_value_flags
 
         flags = multi_value_flags()
+        _CURRENT[:] = list(argv)
+        argv = expand_abbreviations(argv)
     out: list[str] = []
     current: str | None = None  # the multi-value flag whose values we are reading
     taken = 0
@@ -33,3 +35,52 @@ def expand_multi_value_flags(argv: Sequence[str], flags: frozenset[str] | None =
             taken += 1
         out.append(tok)
     return out
+
+
+_CURRENT: list[str] = []
+
+
+def current_argv() -> list[str]:
+    """The command line (after the program name) that this process is running, as the user typed it."""
+    return list(_CURRENT)
+
+
+def expand_abbreviations(argv: Sequence[str]) -> list[str]:
+    """argparse's allow_abbrev, which Polygraphy users rely on (`--abs 1e-4` for `--abs-tol`): a long option that
+    is an unambiguous prefix of exactly one long flag of the command becomes that flag. Exact flags, unknown and
+    ambiguous prefixes are left for click to judge."""
+    flags = _command_flags(argv)
+    if not flags:
+        return list(argv)
+    out: list[str] = []
+    for i, tok in enumerate(argv):
+        if tok == "--":
+            return out + list(argv[i:])
+        if tok.startswith("--") and len(tok) > 2:
+            name, eq, value = tok.partition("=")
+            if name not in flags:
+                matches = sorted(f for f in flags if f.startswith(name))
+                if len(matches) == 1:
+                    tok = matches[0] + eq + value
+        out.append(tok)
+    return out
+
+
+def _command_flags(argv: Sequence[str]) -> set[str]:
+    """The long flags of the (sub)command named in argv."""
+    try:
+        import typer
+
+        from bisector.cli.main import app
+
+        cmd = typer.main.get_command(app)
+        for tok in argv:
+            if tok.startswith("-"):
+                continue
+            sub = getattr(cmd, "commands", {}).get(tok)
+            if sub is None:
+                break
+            cmd = sub
+        return {o for p in getattr(cmd, "params", []) for o in [*p.opts, *p.secondary_opts] if o.startswith("--")}
+    except Exception:  # abbreviations are a convenience; click still parses the command line
+        return set()

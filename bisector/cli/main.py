@@ -31,6 +31,7 @@ app = typer.Typer(
 )
 
 from bisector.cli.commands.batch import batch
+from bisector.cli.commands.convert import convert
 from bisector.cli.commands.inspect import inspect
 from bisector.cli.commands.precision import precision
 from bisector.cli.commands.profile import profile
@@ -43,6 +44,7 @@ app.command()(profile)
 app.command()(run)
 app.command()(verify)
 app.command()(batch)
+app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(convert)
 
 RESUME_HINT = ("interrupted; every finished evaluation is kept in the journal (unless --no-cache): run the same "
                "command again to resume where it stopped")

@@ -32,14 +32,14 @@ CLI_MULTI_VALUE_FLAGS = frozenset({"--fp32"})
 
 def multi_value_flags() -> frozenset[str]:
     """Every Polygraphy-style space-separated multi-value flag (see argv.py)."""
-    return CLI_MULTI_VALUE_FLAGS | {f.metadata["flags"][0] for g in api_groups() for f in dataclasses.fields(g)
-                                    if f.metadata.get("multi")}
+    return CLI_MULTI_VALUE_FLAGS | {flag for g in api_groups() for f in dataclasses.fields(g)
+                                    if f.metadata.get("multi") for flag in f.metadata["flags"]}
 
 
 def api_groups() -> tuple[type, ...]:
-    from bisector.app.options import GROUPS
+    from bisector.app.options import GROUPS, POLYGRAPHY_GROUPS
 
-    return GROUPS
+    return GROUPS + POLYGRAPHY_GROUPS
 
 
 def _parameter(group: type, f: dataclasses.Field) -> inspect.Parameter:

@@ -48,6 +48,8 @@ class SearchProgress:
         self.last_size: int | None = None
         self.last_passed: bool | None = None
         self.best: frozenset[str] | None = None
+        self.expected_total: int | None = None  # the strategy's own estimate of the evaluations in all
+        self.last_estimate = ""
         self._live: Any = None
 
     # ---- lifecycle ---------------------------------------------------------------------------------------------
@@ -115,7 +117,11 @@ class SearchProgress:
             )
 
     def __call__(self, info: dict) -> None:
-        """Strategy `progress` hint: {"phase", "fp32_size", "best", "evaluations"}."""
+        """Strategy `progress` hint: {"phase", "fp32_size", "best", "evaluations"}, and now and then an
+        "estimate" {"evaluations", "set_size", "diffuse", "advice"}: said once each time it changes."""
+        estimate = info.get("estimate")
+        if isinstance(estimate, dict):
+            self._on_estimate(estimate)
         phase = info.get("phase")
         if phase and phase != self.phase:
             self.phase = str(phase)
@@ -126,6 +132,16 @@ class SearchProgress:
             self.best = frozenset(best)
         if self._live is not None:
             self._live.update(self._render())
+
+    def _on_estimate(self, e: dict) -> None:
+        total, size = e.get("evaluations"), e.get("set_size")
+        self.expected_total = int(total) if isinstance(total, (int, float)) else self.expected_total
+        text = (f"estimate: about {total} evaluations in all, a set of about {size} node(s)"
+                + ("; FP16 error is diffuse (many nodes each add a little)" if e.get("diffuse") else "")
+                + (f". {e['advice']}" if e.get("advice") else ""))
+        if text != self.last_estimate:
+            self.last_estimate = text
+            self._line(text)  # also under the live display: the estimate is worth a line in the log
 
     # ---- numbers -----------------------------------------------------------------------------------------------
     def elapsed(self) -> float:
@@ -147,6 +163,8 @@ class SearchProgress:
             bounds.append(max(self.time_limit - self.elapsed(), 0.0))
         if bounds:
             return min(bounds), True
+        if self.expected_total is not None:
+            return max(self.expected_total - self.evaluations, 0) * per, False
         k = max(len(self.best) if self.best is not None else 1, 1)
         n = max(self.candidates, 1)
         total = k * math.log2(max(n / k, 2)) + 2 * k + 1

@@ -23,7 +23,7 @@ from bisector.files import write_file_atomic
 from bisector.model.catalog import Catalog
 from bisector.errors import UsageError
 from bisector.model.inputs import inputs_digest
-from bisector.model.polyjson import Feeds, load_run_results
+from bisector.model.polyjson import Feeds, load_golden_runner
 
 log = logging.getLogger("bisector")
 GOLDEN_FORMAT = "golden-v1"
@@ -36,6 +36,7 @@ class Golden:
     reference_runs: int
     seconds: float
     path: Path | None = None
+    runner: str | None = None  # the runner of a --load-outputs file that made these outputs
 
 
 def default_cache_dir() -> Path:
@@ -53,20 +54,30 @@ def get_golden(
     catalog: Catalog,
     feeds_list: Sequence[Feeds],
     cache_dir: Path | None,
-    load_outputs: Path | None = None,
+    load_outputs: Path | Sequence[Path] | None = None,
+    *, golden_runner: str | None = None, allow_reduced_golden: bool = False, outputs: Sequence[str] | None = None,
+    check: bool = True,
 ) -> Golden:
     if load_outputs is not None:
-        runner, outs = load_run_results(Path(load_outputs))
+        files = [Path(p) for p in load_outputs] if isinstance(load_outputs, (list, tuple)) else [Path(load_outputs)]
+        runner, outs, precision = load_golden_runner(files, golden_runner, allow_reduced_golden)
+        load_outputs = ", ".join(map(str, files))  # type: ignore[assignment]
+        if precision == "unknown":
+            log.warning("--load-outputs %s: runner %s does not say in which precision it ran; using it as golden "
+                        "because it was named", load_outputs, runner)
+        log.info("golden outputs: runner %s of %s", runner, load_outputs)
         if len(outs) < len(feeds_list):
             raise UsageError(f"--load-outputs {load_outputs}: {len(outs)} iteration(s) for {len(feeds_list)} input set(s)")
         outs = outs[: len(feeds_list)]
+        wanted = list(outputs) if outputs is not None else catalog.output_names
         for i, o in enumerate(outs):
-            missing = sorted(set(catalog.output_names) - set(o))
+            missing = sorted(set(wanted) - set(o))
             if missing:
                 raise UsageError(f"--load-outputs {load_outputs} (runner {runner}, iteration {i}): missing output(s) {missing}")
-        _check_against_model(catalog, outs, Path(load_outputs))
-        golden = Golden([{k: spill(o[k]) for k in catalog.output_names} for o in outs], "file", 0, 0.0, Path(load_outputs))
-        check_finite(golden)
+            check_declared(catalog, o, f"--load-outputs {load_outputs} (runner {runner}, iteration {i})")
+        golden = Golden([{k: spill(o[k]) for k in wanted} for o in outs], "file", 0, 0.0, files[0], runner)
+        if check:
+            check_finite(golden)
         return golden
 
     path = None
@@ -95,27 +106,6 @@ def get_golden(
         except UsageError as exc:  # a cache we cannot write costs time, not correctness
             log.warning("golden outputs not cached: %s", exc)
     return golden
-
-
-def _check_against_model(catalog: Catalog, outs: Sequence[Feeds], path: Path) -> None:
-    """Golden outputs from a file must be the model's: its declared output dtypes and static shapes (a file of
-    another model is an input error, exit 2 — not an accuracy failure that 'nothing passes')."""
-    from onnx import helper
-
-    for o in catalog.model.graph.output:
-        t = o.type.tensor_type
-        want_dtype = helper.tensor_dtype_to_np_dtype(t.elem_type) if t.elem_type else None
-        dims = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim] if t.HasField("shape") else None
-        for i, got in enumerate(outs):
-            a = np.asarray(got[o.name]) if not isinstance(got[o.name], np.ndarray) else got[o.name]
-            where = f"--load-outputs {path} (iteration {i}), output {o.name!r}"
-            if want_dtype is not None and a.dtype != want_dtype and not (
-                    np.issubdtype(a.dtype, np.floating) and np.issubdtype(want_dtype, np.floating)):
-                raise UsageError(f"{where}: dtype {a.dtype}, but the model's output is {want_dtype}")
-            if dims is not None and (len(dims) != a.ndim or any(
-                    d is not None and d > 0 and d != n for d, n in zip(dims, a.shape))):
-                shown = [d if d else "?" for d in dims]
-                raise UsageError(f"{where}: shape {list(a.shape)}, but the model declares {shown}")
 
 
 def run_reference_model(catalog: Catalog, feeds_list: Sequence[Feeds]) -> list[Feeds]:
@@ -159,12 +149,13 @@ def _dynamic_hint(catalog: Catalog, feeds: Feeds) -> str:
 
 # ---- large arrays: spilled to disk beyond a threshold (Polygraphy's POLYGRAPHY_ARRAY_SWAP_THRESHOLD_MB) --------
 SWAP_ENV = "BISECTOR_ARRAY_SWAP_THRESHOLD_MB"
+POLYGRAPHY_SWAP_ENV = "POLYGRAPHY_ARRAY_SWAP_THRESHOLD_MB"  # Polygraphy's spelling, honoured when ours is unset
 _swap_dir: tempfile.TemporaryDirectory | None = None
 
 
 def swap_threshold_bytes() -> int | None:
     """Arrays larger than this many bytes live in memory-mapped files; None (unset or negative): never."""
-    text = os.environ.get(SWAP_ENV, "").strip()
+    text = (os.environ.get(SWAP_ENV) or os.environ.get(POLYGRAPHY_SWAP_ENV) or "").strip()
     if not text:
         return None
     try:
@@ -202,3 +193,25 @@ def check_finite(golden: Golden) -> None:
                     f"{n_nan} NaN and {n_inf} Inf values; comparisons against it are meaningless. Check the model "
                     f"and the input ranges (--val-range) first."
                 )
+
+
+def check_declared(catalog: Catalog, outs: Feeds, where: str) -> None:
+    """Loaded golden outputs must fit the model: the dtype and static dimensions each graph output declares."""
+    from onnx import helper
+
+    for vi in catalog.model.graph.output:
+        if vi.name not in outs:
+            continue
+        a, t = outs[vi.name], vi.type.tensor_type
+        if t.elem_type:
+            want = np.dtype(helper.tensor_dtype_to_np_dtype(t.elem_type))
+            if np.asarray(a).dtype != want:
+                raise UsageError(f"{where}: output {vi.name!r} has dtype {np.asarray(a).dtype}, the model's is {want}; "
+                                 f"these outputs come from another model")
+        if t.HasField("shape"):
+            dims = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
+            shape = np.shape(a)
+            if len(shape) != len(dims) or any(d and d != s for d, s in zip(dims, shape)):
+                raise UsageError(f"{where}: output {vi.name!r} has shape {list(shape)}, the model declares "
+                                 f"{[d if d else '?' for d in dims]}; these outputs come from another model or "
+                                 f"other input shapes")

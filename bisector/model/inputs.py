@@ -85,22 +85,27 @@ def generate_inputs(
         )
     resolved = resolve_shapes(metas, shapes or {})
     _check_memory(metas, resolved, iterations)
-    rng = np.random.default_rng(seed)
+    warn_integer_default_range(metas, val_range)
     feeds_list = []
-    for _ in range(iterations):
+    for index in range(iterations):
+        # Polygraphy's DataLoader (comparator/data_loader.py, numpy backend): a fresh RandomState(seed + index)
+        # per iteration, inputs drawn in model order; floats random_sample * (hi - lo) + lo in float64, then cast;
+        # integers and bools randint(int(lo), int(hi) + 1, dtype) — so the same --seed, --val-range,
+        # --input-shapes and --iterations give the same arrays bit for bit.
+        rng = np.random.RandomState(seed + index)
         feeds = {}
         for m in metas:
             lo, hi = val_range.get(m.name, val_range.get(None, (0.0, 1.0)))
             shape = resolved[m.name]
             if m.dtype == np.bool_:
-                feeds[m.name] = rng.integers(0, 2, size=shape).astype(np.bool_)
+                feeds[m.name] = np.array(rng.randint(low=bool(lo), high=bool(hi) + 1, size=shape, dtype=np.bool_))
             elif np.issubdtype(m.dtype, np.integer):
-                lo_i, hi_i = int(np.ceil(lo)), int(np.floor(hi))
+                lo_i, hi_i = int(lo), int(hi)
                 if lo_i > hi_i:
                     raise UsageError(f"--val-range {m.name}: no integer lies in [{lo}, {hi}] for an integer input")
-                feeds[m.name] = rng.integers(lo_i, hi_i, size=shape, endpoint=True).astype(m.dtype)
+                feeds[m.name] = np.array(rng.randint(low=lo_i, high=hi_i + 1, size=shape, dtype=m.dtype))
             elif np.issubdtype(m.dtype, np.floating):
-                feeds[m.name] = rng.uniform(lo, hi, size=shape).astype(m.dtype)
+                feeds[m.name] = np.array((rng.random_sample(size=shape) * (hi - lo) + lo).astype(m.dtype))
             else:
                 raise UsageError(f"input {m.name!r} has dtype {m.dtype}, which bisector cannot generate; use --load-inputs")
         feeds_list.append(feeds)
@@ -143,6 +148,52 @@ def _bytes(n: float) -> str:
             return f"{n:.3g} {unit}"
         n /= 1024
     return f"{n:.3g} EiB"
+
+
+def warn_integer_default_range(metas: Sequence[InputMeta], val_range: dict[str | None, tuple[float, float]]) -> None:
+    """Integer inputs under the default range get only 0 and 1 (Polygraphy's rule too): usually not what an index
+    or token input needs, so say so once per input."""
+    for m in metas:
+        if np.issubdtype(m.dtype, np.integer) and m.name not in val_range and None not in val_range:
+            log.warning("integer input %s gets values in the default range [0, 1] (only 0 and 1); give its real range "
+                        "with --val-range %s:[lo,hi] or --load-inputs", m.name, m.name)
+
+
+def load_data_script(script: str | Path, catalog: Catalog) -> list[Feeds]:
+    """Polygraphy's `--data-loader-script FILE[:FUNC]`: FUNC (default `load_data`) takes no arguments and returns
+    (or yields) feed dicts {input name: array}, one per iteration."""
+    import importlib.util
+    import os
+
+    text = os.fspath(script)
+    path, sep, func = text.rpartition(":")
+    if not sep or Path(text).is_file():
+        path, func = text, "load_data"
+    func = func or "load_data"
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"--data-loader-script: file not found: {path}")
+    spec = importlib.util.spec_from_file_location(f"bisector_data_loader_{abs(hash(str(path.resolve())))}", path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    try:
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+    except Exception as exc:
+        raise UsageError(f"--data-loader-script {path}: importing it failed: {type(exc).__name__}: {exc}") from None
+    fn = getattr(module, func, None)
+    if fn is None:
+        raise UsageError(f"--data-loader-script {path}: no {func!r} in the script")
+    try:
+        data = fn() if callable(fn) else fn
+        feeds_list = [{k: np.asarray(v) for k, v in dict(feeds).items()} for feeds in data]
+    except UsageError:
+        raise
+    except Exception as exc:
+        raise UsageError(f"--data-loader-script {path}:{func} failed: {type(exc).__name__}: {exc}") from None
+    if not feeds_list:
+        raise UsageError(f"--data-loader-script {path}:{func} yielded no input set")
+    for i, feeds in enumerate(feeds_list):
+        check_feeds(catalog, feeds, f"--data-loader-script set {i}")
+    return feeds_list
 
 
 def load_inputs(paths: Sequence[Path], catalog: Catalog) -> list[Feeds]:
@@ -203,9 +254,20 @@ def save_inputs(path: Path, feeds_list: Sequence[Feeds]) -> None:
 
 
 def inputs_digest(feeds_list: Sequence[Feeds]) -> str:
-    from bisector.backends.emulate.executor import feeds_digest
-
     h = hashlib.sha256()
     for feeds in feeds_list:
         h.update(feeds_digest(feeds).encode())
+    return h.hexdigest()
+
+
+def feeds_digest(feeds) -> str:
+    """A content digest of one input set (names, dtypes, shapes, bytes)."""
+    h = hashlib.sha256()
+    import json
+
+    for name in sorted(feeds):
+        a = np.ascontiguousarray(feeds[name])
+        # framed: a JSON header with the byte count, then the bytes (no two input sets can share a digest)
+        h.update(json.dumps([name, str(a.dtype), list(a.shape), a.nbytes], ensure_ascii=True).encode() + b"\n")
+        h.update(a.tobytes())
     return h.hexdigest()

@@ -87,3 +87,85 @@ def load_run_results(path: Path, runner: str | None = None) -> tuple[str, list[F
         entries = it.get("outputs", {}) if isinstance(it, dict) else {}
         outs.append({k: decode_array(v, f"{path}:{name}[{i}][{k}]") for k, v in entries.items()})
     return name, outs
+
+
+# ---- runners and golden provenance (issue 12 item 4, issue 18) ---------------------------------------------------
+# Runner name prefixes whose outputs are an FP32 reference (Polygraphy's ONNX-Runtime, reference-plugin, TF runners).
+REFERENCE_PREFIXES = ("onnxrt-runner", "pluginref-runner", "tf-runner", "onnx-runner")
+
+
+def runner_name(prefix: str, count: int = 0) -> str:
+    """A runner name as Polygraphy makes one: `trt-runner-N0-04/01/24-15:29:00`."""
+    import time
+
+    return f"{prefix}-N{count}-{time.strftime('%x')}-{time.strftime('%X')}"
+
+
+def run_results_many(runs: Sequence[tuple[str, Sequence[Mapping[str, np.ndarray]], Sequence[float], Mapping[str, Any]]]) -> str:
+    """RunResults with several runners, in order; each runner's provenance (precision, backend, FP32 nodes) is
+    recorded under the top-level key "bisector" (Polygraphy ignores keys it does not know)."""
+    lst = []
+    for runner, outputs_list, runtimes, _ in runs:
+        lst.append([runner, [
+            {"outputs": {k: {"values": encode_array(v), "polygraphy_class": "LazyArray"} for k, v in outs.items()},
+             "runtime": float(rt), "runner_name": runner, "polygraphy_class": "IterationResult"}
+            for outs, rt in zip(outputs_list, runtimes)]])
+    provenance = {runner: dict(p) for runner, _, _, p in runs}
+    return json.dumps({"lst": lst, "polygraphy_class": "RunResults", "bisector": {"runners": provenance}}, indent=1)
+
+
+def runner_precision(name: str, provenance: Mapping[str, Any]) -> str:
+    """fp32 (a reference), a reduced precision (fp16, bf16), or unknown."""
+    recorded = provenance.get(name, {}).get("precision") if isinstance(provenance.get(name), Mapping) else None
+    if recorded:
+        return str(recorded)
+    if name.startswith(REFERENCE_PREFIXES):
+        return "fp32"
+    if name.startswith("bisector-"):  # bisector before issue 18 saved a plan's (reduced-precision) outputs so
+        return "fp16"
+    return "unknown"
+
+
+def load_golden_runner(path: Path | Sequence[Path], runner: str | None = None,
+                       allow_reduced: bool = False) -> tuple[str, list[Feeds], str]:
+    """(runner, outputs per iteration, precision) of the runner of a RunResults file that may serve as golden:
+    the one named, else the first FP32 reference runner. A reduced-precision runner is refused unless
+    `allow_reduced`; one of unknown precision (e.g. Polygraphy's trt-runner) must be named."""
+    runs, provenance = [], {}
+    files = list(path) if isinstance(path, (list, tuple)) else [path]
+    for one in files:
+        data = _read_json(one)
+        if not isinstance(data, dict) or data.get("polygraphy_class") != "RunResults" or "lst" not in data:
+            raise UsageError(f"{one}: expected Polygraphy RunResults (polygraphy run --save-outputs)")
+        runs += data["lst"]
+        if isinstance(data.get("bisector"), dict):
+            provenance.update(data["bisector"].get("runners", {}))
+    path = ", ".join(map(str, files))  # type: ignore[assignment]
+    if not runs:
+        raise UsageError(f"{path}: the RunResults file holds no runner")
+    kinds = {r[0]: runner_precision(r[0], provenance) for r in runs}
+    listing = ", ".join(f"{n} ({k})" for n, k in kinds.items())
+    if runner is not None:
+        chosen = [r for r in runs if r[0] == runner]
+        if not chosen:
+            raise UsageError(f"{path}: no runner named {runner!r} (found: {listing})")
+    else:
+        chosen = [r for r in runs if kinds[r[0]] == "fp32"]
+        if not chosen:
+            raise UsageError(
+                f"{path} holds no FP32 reference runner to use as golden (found: {listing}). Golden outputs must "
+                f"come from an FP32 reference (e.g. `polygraphy run MODEL --onnxrt --save-outputs FILE` or "
+                f"`bisector run MODEL --onnxrt --save-outputs FILE`); name a runner with --golden-runner to use it "
+                f"anyway")
+    name, iterations = chosen[0]
+    precision = kinds[name]
+    if precision not in ("fp32", "unknown") and not allow_reduced:
+        raise UsageError(
+            f"{path}: runner {name!r} ran in reduced precision ({precision}); its outputs cannot be golden — every "
+            f"FP16 plan would be compared with FP16 outputs and pass. Save golden with an FP32 reference runner "
+            f"(--onnxrt), or pass --allow-reduced-golden if this is really what you want")
+    outs = []
+    for i, it in enumerate(iterations):
+        entries = it.get("outputs", {}) if isinstance(it, dict) else {}
+        outs.append({k: decode_array(v, f"{path}:{name}[{i}][{k}]") for k, v in entries.items()})
+    return name, outs, precision

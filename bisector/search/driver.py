@@ -72,8 +72,10 @@ def run_search(
             for n, r in top.outputs.items() if not r.passed
         )
         raise AccuracyFailure(
-            "nothing passes, not even with every candidate FP32: failing output(s) " + worst + ". The difference "
-            "comes from outside the candidates (pinned nodes, the backend itself) or the tolerance is tighter than "
+            "nothing passes, not even with every candidate FP32: failing output(s) " + worst + ". If the golden "
+            "outputs were loaded (--load-outputs), first check they came from the same inputs (--load-inputs, or the "
+            "same --seed/--val-range/--input-shapes), the same model and an FP32 runner (--onnxrt). Otherwise the "
+            "difference comes from outside the candidates (pinned nodes, the backend itself) or the tolerance is tighter than "
             "FP32 run-to-run noise; loosen --atol/--rtol or check the pinned nodes with `bisector inspect`."
         )
     all_hints = {k: v for k, v in (hints or {}).items() if v is not None}

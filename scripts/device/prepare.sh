@@ -10,8 +10,9 @@
 set -euo pipefail
 DEST=${1:-.device-gpu}
 PY=${PYTHON:-python3}
-CHUNK=${CHUNK:-58M}
-PKGS=(onnxruntime-gpu==1.31.1 tensorrt-rtx-cu13-libs==1.7.1.116 tensorrt-rtx-cu13-bindings==1.7.1.116)
+CHUNK=${CHUNK:-49M}
+# PKGS="onnxruntime-gpu==1.31.1" prepares the ORT-CUDA wheel alone (ort-cuda runs need no TensorRT-RTX wheels).
+read -r -a PKGS <<< "${PKGS:-onnxruntime-gpu==1.31.1 tensorrt-rtx-cu13-libs==1.7.1.116 tensorrt-rtx-cu13-bindings==1.7.1.116}"
 HERE=$(cd "$(dirname "$0")" && pwd)
 
 mkdir -p "$DEST/dl"

@@ -18,7 +18,8 @@ import onnxruntime as ort
 from bisector import __version__
 from bisector.model.catalog import Catalog
 from bisector.backends.emulate.executor import NodeExecutor, Overlay, feeds_digest
-from bisector.fp16.rules import round_activation, round_weight
+from bisector.fp16.arithmetic import check_mode, rules_tag
+from bisector.fp16.rules import round_activation, round_activation_bf16, round_weight, round_weight_bf16
 from bisector.model.optable import PRESERVES_FP16
 from bisector.fp16.plan import Plan
 
@@ -26,7 +27,12 @@ from bisector.fp16.plan import Plan
 class EmulateBackend:
     name = "emulate"
 
-    def __init__(self, threads: int = 0, reference_cache_size: int = 8, block_size: int = 8):
+    def __init__(self, threads: int = 0, reference_cache_size: int = 8, block_size: int = 8,
+                 arithmetic: str = "storage", storage: str = "fp16"):
+        self.arithmetic = check_mode(arithmetic)
+        if storage not in ("fp16", "bf16"):
+            raise ValueError(f"storage {storage!r}: fp16 or bf16")
+        self.storage = storage  # what the plan's non-FP32 nodes store: FP16 (default) or BF16 (`run --trt --bf16`)
         self.block_size = block_size
         self.threads = threads
         self.reference_cache_size = reference_cache_size
@@ -40,14 +46,19 @@ class EmulateBackend:
     # ---- protocol ------------------------------------------------------------------------------------------
     def open(self, catalog: Catalog) -> None:
         self.catalog = catalog
-        self.executor = NodeExecutor(catalog, threads=self.threads, block_size=self.block_size)
+        import onnx
+
+        half = onnx.TensorProto.BFLOAT16 if self.storage == "bf16" else onnx.TensorProto.FLOAT16
+        self.executor = NodeExecutor(catalog, threads=self.threads, block_size=self.block_size,
+                                     arithmetic=self.arithmetic, half=half)
         self._references.clear()
         self._boundaries.clear()
         self._feeds_keys.clear()
         self._rounded_weights.clear()
 
     def describe(self) -> dict[str, str]:
-        return {"backend": self.name, "onnxruntime": ort.__version__, "rules": "fp16-storage-v1", "bisector": __version__}
+        rules = rules_tag(self.arithmetic) if self.storage == "fp16" else f"bf16-{rules_tag(self.arithmetic)}"
+        return {"backend": self.name, "onnxruntime": ort.__version__, "rules": rules, "bisector": __version__}
 
     def close(self) -> None:
         self.executor = None
@@ -122,7 +133,7 @@ class EmulateBackend:
             idx = explicit_idx[pos] if pos < len(explicit_idx) else None
             v, r = self._read(fp16, node, idx, t, tensors[t])
             if r and idx is None:  # outer-scope value: rounded here, no Cast reaches into a subgraph
-                v, r = round_activation(v), False
+                v, r = self._round(v), False
             values.append(v)
             rounded.append(r)
         names = [o for o in proto.output if o]
@@ -134,7 +145,10 @@ class EmulateBackend:
     def read_input(self, fp16: frozenset[str], node: str, index: int | None, tensor: str, value: np.ndarray) -> np.ndarray:
         """What `node` reads for `tensor` (explicit input `index`, None for outer-scope values) under `fp16`."""
         v, r = self._read(fp16, node, index, tensor, value)
-        return round_activation(v) if r else v
+        return self._round(v) if r else v
+
+    def _round(self, v: np.ndarray) -> np.ndarray:
+        return round_activation_bf16(v) if self.storage == "bf16" else round_activation(v)
 
     # ---- the rules of DESIGN §4 ------------------------------------------------------------------------------
     def _read(self, fp16: frozenset[str], node: str, index: int | None, tensor: str, value: np.ndarray):
@@ -148,7 +162,8 @@ class EmulateBackend:
         if tensor in cat.weights:
             w = self._rounded_weights.get(tensor)
             if w is None:
-                w = self._rounded_weights[tensor] = round_weight(value)
+                w = self._rounded_weights[tensor] = (round_weight_bf16(value) if self.storage == "bf16"
+                                                     else round_weight(value))
             return w, False
         producer = cat.producers.get(tensor)
         if producer is not None and producer in fp16:

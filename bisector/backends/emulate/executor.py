@@ -15,7 +15,6 @@ emulation of the whole graph would do, at ORT's vectorised cast speed.
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from typing import Callable, Mapping
 
@@ -25,7 +24,9 @@ import onnxruntime as ort
 from onnx import helper
 
 from bisector.model.catalog import Catalog
+from bisector.model.inputs import feeds_digest  # noqa: F401  (its home is the model layer; re-exported here)
 from bisector.errors import BackendFailure
+from bisector.fp16.arithmetic import split_bias_epilogue
 
 # Tensors of these ONNX element types are what FP16 storage changes.
 _NP_TO_ONNX = {np.dtype(k): v for k, v in {
@@ -39,22 +40,17 @@ _NP_TO_ONNX = {np.dtype(k): v for k, v in {
 InputHook = Callable[[str, int | None, str, np.ndarray], tuple[np.ndarray, bool]]
 
 
-def feeds_digest(feeds: Mapping[str, np.ndarray]) -> str:
-    h = hashlib.sha256()
-    for name in sorted(feeds):
-        a = np.ascontiguousarray(feeds[name])
-        # framed: a JSON header with the byte count, then the bytes (no two feeds can share a digest)
-        header = json.dumps([name, str(a.dtype), list(a.shape), a.nbytes], ensure_ascii=True)
-        h.update(header.encode() + b"\n")
-        h.update(a.tobytes())
-    return h.hexdigest()
-
-
 class NodeExecutor:
     """One ORT session per node of `catalog.model`, built lazily and kept for every later plan."""
 
-    def __init__(self, catalog: Catalog, threads: int = 0, block_size: int = 8):
+    def _round_half(self, v: np.ndarray) -> np.ndarray:
+        return _round_bf16(v) if self.half == onnx.TensorProto.BFLOAT16 else _round_fp16(v)
+
+    def __init__(self, catalog: Catalog, threads: int = 0, block_size: int = 8, arithmetic: str = "storage",
+                 half: int = onnx.TensorProto.FLOAT16):
         self.catalog = catalog
+        self.arithmetic = arithmetic  # bisector.fp16.arithmetic: "storage" (DESIGN §4) or "gpu"
+        self.half = half  # the reduced storage type of the rounding Casts: FLOAT16, or BFLOAT16 for --bf16
         self.blocks = _partition(catalog, block_size)
         self._sessions: dict[tuple, ort.InferenceSession] = {}
         self._opts = ort.SessionOptions()
@@ -172,7 +168,7 @@ class NodeExecutor:
             idx = explicit_idx[pos] if pos < len(explicit_idx) else None
             v, round_it = read_input(name, idx, t, v)
             if round_it and idx is None:  # outer-scope value of a subgraph: no Cast can reach inside
-                v, round_it = _round_fp16(v), False
+                v, round_it = self._round_half(v), False
             values.append(v)
             rounded.append(bool(round_it))
         out_names = _nonempty(node.output)
@@ -213,23 +209,39 @@ class NodeExecutor:
         for pos, (t, r) in enumerate(zip(inputs, round_in)):
             if r and dtypes[t] == np.float32 and pos < len(explicit_idx):
                 half, back = f"{t}__in{pos}_fp16", f"{t}__in{pos}_rounded"
-                nodes.append(helper.make_node("Cast", [t], [half], to=onnx.TensorProto.FLOAT16))
+                nodes.append(helper.make_node("Cast", [t], [half], to=self.half))
                 nodes.append(helper.make_node("Cast", [half], [back], to=onnx.TensorProto.FLOAT))
                 core.input[explicit_idx[pos]] = back
-        nodes.append(core)
         out_names = _nonempty(node.output)
+        casts = []
         for j, o in enumerate(out_names):
             if j < len(round_out) and round_out[j]:
                 raw, half = f"{o}__raw", f"{o}__fp16"
                 core.output[list(node.output).index(o)] = raw
-                nodes.append(helper.make_node("Cast", [raw], [half], to=onnx.TensorProto.FLOAT16))
-                nodes.append(helper.make_node("Cast", [half], [o], to=onnx.TensorProto.FLOAT))
+                casts.append(helper.make_node("Cast", [raw], [half], to=self.half))
+                casts.append(helper.make_node("Cast", [half], [o], to=onnx.TensorProto.FLOAT))
+        nodes.extend(self._arithmetic(core, any(round_out)))
+        nodes.extend(casts)
         first = {}
         for t, v in zip(inputs, values):
             first.setdefault(t, v)
         return self._session(nodes, f"node {node.name!r} ({node.op_type})",
                              {t: v for t, v in first.items() if t not in self.weights},
                              {t: v for t, v in first.items() if t in self.weights}, out_names)
+
+    def _arithmetic(self, core: onnx.NodeProto, fp16: bool) -> list[onnx.NodeProto]:
+        """`core` as the emulation computes it: unchanged (storage rules), or, for an FP16 node under
+        --fp16-arithmetic gpu, split where the GPU kernel rounds inside the layer (bisector.fp16.arithmetic)."""
+        if self.arithmetic == "gpu" and fp16 and core.output and core.output[0]:
+            split = split_bias_epilogue(core, core.output[0], self._weight_rank)
+            if split is not None:
+                return split
+        return [core]
+
+    def _weight_rank(self, tensor: str) -> int | None:
+        base = tensor[: -len("__w16")] if tensor.endswith("__w16") else tensor
+        w = self.weights.get(base)
+        return None if w is None else int(np.ndim(w))
 
     def _session(self, nodes, what: str, inputs: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
                  outputs: list[str]) -> ort.InferenceSession:
@@ -293,16 +305,16 @@ class NodeExecutor:
                     alias = rounded_alias.get(t)
                     if alias is None:
                         alias = rounded_alias[t] = f"{t}__rounded"
-                        nodes.append(helper.make_node("Cast", [t], [f"{t}__half"], to=onnx.TensorProto.FLOAT16))
+                        nodes.append(helper.make_node("Cast", [t], [f"{t}__half"], to=self.half))
                         nodes.append(helper.make_node("Cast", [f"{t}__half"], [alias], to=onnx.TensorProto.FLOAT))
                     core.input[slot] = alias
             casts = []
             for j, o in enumerate(_nonempty(node.output)):
                 if outs[j]:
                     core.output[list(node.output).index(o)] = f"{o}__raw"
-                    casts.append(helper.make_node("Cast", [f"{o}__raw"], [f"{o}__half"], to=onnx.TensorProto.FLOAT16))
+                    casts.append(helper.make_node("Cast", [f"{o}__raw"], [f"{o}__half"], to=self.half))
                     casts.append(helper.make_node("Cast", [f"{o}__half"], [o], to=onnx.TensorProto.FLOAT))
-            nodes.append(core)
+            nodes.extend(self._arithmetic(core, any(outs)))
             nodes.extend(casts)
         feed = {t: v for t, v in zip(block.inputs, values) if t not in self.weights}
         return self._session(nodes, f"block {block.index} ({block.nodes[0].name}..{block.nodes[-1].name})",
@@ -347,6 +359,12 @@ def _unfusable(catalog: Catalog, node: onnx.NodeProto) -> bool:
         return True
     return any(catalog.tensor_types.get(t) in (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
                for t in list(node.input) + list(node.output) if t)
+
+
+def _round_bf16(v: np.ndarray) -> np.ndarray:
+    from bisector.fp16.rules import round_activation_bf16
+
+    return round_activation_bf16(v) if v.dtype == np.float32 else v
 
 
 def _round_fp16(v: np.ndarray) -> np.ndarray:

@@ -32,7 +32,6 @@ def batch(
     from rich.table import Table
 
     from bisector.app import api
-    from bisector.artifacts.junit import Case, Suite
 
     setup_logging(verbose)
     cfg = api.load_config(config)
@@ -40,11 +39,11 @@ def batch(
     with redirect:  # stdout carries the batch JSON alone: the models' own lines go to stderr
         result = api.run_batch(cfg, parse_args, only=only,
                                on_model=lambda e: log.info("batch: %s (%s)", e.name, e.mode))
-    suite = Suite()
+    suite = api.Suite()
     for m in result.models:
         suite.add_outputs(m.name, m.outputs, m.seconds)
         if m.exit_code != 0 and (m.regression or m.error or not m.outputs or m.missing_nodes):
-            suite.cases.append(Case(m.name, m.mode, False, m.regression or m.error or f"{m.mode} failed ({m.status})",
+            suite.cases.append(api.Case(m.name, m.mode, False, m.regression or m.error or f"{m.mode} failed ({m.status})",
                                     m.seconds, error=m.exit_code in (2, 3)))
     table = Table(title=f"bisector batch: {Path(config).name}")
     for col in ("model", "mode", "status", "FP32 nodes", "seconds"):

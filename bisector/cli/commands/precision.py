@@ -25,7 +25,6 @@ def precision(model: Model, fp16: Fp16 = True, output_dir: OutputDir = Path("bis
     """Search the minimal set of nodes to keep in FP32 and write constraints.json, add_constraints.py,
     model.mixed.onnx, layer-precision strings and report.md."""
     from bisector.app import api
-    from bisector.artifacts.junit import Suite
     from bisector.cli.progress import SearchProgress
 
     from bisector.files import check_not_input, protect
@@ -43,7 +42,7 @@ def precision(model: Model, fp16: Fp16 = True, output_dir: OutputDir = Path("bis
     if json_out is not None:
         write_json(json_out, c.model_dump_json(indent=2) + "\n")
     if junit is not None:
-        suite = Suite()
+        suite = api.Suite()
         suite.add_outputs(Path(model).name, r.verdict.outputs, c.timings.get("search", 0.0))
         suite.write(junit)
     say = human_output(json_out)

@@ -33,7 +33,6 @@ def profile(model: Model, fp16: Fp16 = True, fp32: Fp32Nodes = None, constraints
     of its consumers running FP32 on its FP16 output, in units of the tolerance (> 1: that tensor alone would
     fail the check). Needs the emulate backend."""
     from bisector.app import api
-    from bisector.sensitivity import profile_document
 
     setup_logging(verbose)
     if top < 0:
@@ -41,7 +40,7 @@ def profile(model: Model, fp16: Fp16 = True, fp32: Fp32Nodes = None, constraints
     r = api.profile(model, fp32 or [], constraints=constraints, output_dir=output_dir, png=png, threads=threads,
                     inputs=opts[Inputs], tolerances=opts[Tolerances], cache=opts[Cache])
     if json_out is not None:
-        write_json(json_out, json.dumps(profile_document(r.nodes, r.meta), indent=2, allow_nan=False) + "\n")
+        write_json(json_out, json.dumps(api.profile_document(r.nodes, r.meta), indent=2, allow_nan=False) + "\n")
     if json_out is None or str(json_out) != "-":
         _print_table(r.nodes, r.highlight, top)
         t = r.meta["timings"]

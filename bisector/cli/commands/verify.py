@@ -26,7 +26,6 @@ def verify(model: Model, constraints: Recorded, check_minimal: CheckMinimal = Fa
            json_out: JsonOut = None, junit: JunitOut = None, verbose: Verbose = False, *, opts) -> None:
     """Check a recorded FP32 set: exit 0 if it still passes, 1 if it fails or names nodes the model lost."""
     from bisector.app import api
-    from bisector.artifacts.junit import Case, Suite
 
     setup_logging(verbose)
     r = api.verify(model, constraints, check_minimal=check_minimal, backend=opts[BackendChoice], cache=opts[Cache],
@@ -49,10 +48,10 @@ def verify(model: Model, constraints: Recorded, check_minimal: CheckMinimal = Fa
         }
         write_json(json_out, json.dumps(summary, indent=2) + "\n")
     if junit is not None:
-        suite = Suite()
+        suite = api.Suite()
         suite.add_outputs(Path(model).name, r.verdict.outputs)
         if r.missing_nodes:
-            suite.cases.append(Case(Path(model).name, "constraints-nodes", False,
+            suite.cases.append(api.Case(Path(model).name, "constraints-nodes", False,
                                     f"nodes missing from the model: {r.missing_nodes}"))
         suite.write(junit)
     say("VERIFIED" if r.passed else "FAILED")

@@ -1,0 +1,242 @@
+"""``gt``: adaptive group testing (generalised binary splitting with an estimated number of culprits).
+
+This is the ``auto`` of before issue 15, kept as ``gt`` for comparison; the new ``auto`` (auto.py) runs the same
+search, with the same calls, while the error looks sparse, and switches to a ranked search when it is diffuse.
+
+The search view
+---------------
+At any time the candidates are split into *D* (culprits found: must stay FP32), *U* (undecided) and cleared
+nodes (proven to be fine in FP16 together). Testing a group ``G ⊆ U`` means asking ``passes(D ∪ (U − G))``:
+everything undecided except ``G`` stays FP32, so for a monotone oracle (``passes(S)`` iff culprits ⊆ S) the
+answer is True exactly when ``G`` holds no culprit. A clean group is cleared at once; a contaminated group is
+halved until one culprit is isolated (Hwang's generalised binary splitting). The group size is chosen from a
+posterior over the number of culprits still in ``U``: with a prior P(k) on the total and the observations so
+far (|D| culprits found, the rest of the cleared nodes clean), P(m remaining) ∝ P(|D|+m)·C(|U|, m)/C(N, |D|+m),
+and the group is the size (a power of two, or all of ``U``) whose chance of being clean is most uncertain —
+the test that carries the most information. Testing all of ``U`` is the question "are we done?", which is
+literally ``passes(D)``: when it passes it is the final ``passes(R)`` check; when it fails just before the
+last culprit is found it is literally ``passes(R − {c})`` for that culprit.
+
+Verification (why the result is 1-minimal for any oracle)
+---------------------------------------------------------
+No inference from monotonicity is trusted for the result: at the end ``passes(R)`` and every ``passes(R − {n})``
+are asked literally (re-asking a set costs nothing: the driver and this class both cache). If ``R`` fails or a
+removal passes — only possible for a non-monotone oracle — the result is repaired: greedy removal from the
+smallest passing set seen (or all candidates), then single-removal sweeps until stable.
+
+Scores
+------
+With informative ``scores`` (higher = more likely FP16-intolerant) candidates are visited in descending score
+order and the top ones are tested individually as long as each is a culprit; the first clean one ends that
+phase and the rest goes through group testing (still in score order, so likely culprits share groups).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Mapping, Sequence
+
+from ._util import Asker, repair
+
+
+class _AllFail(Exception):
+    """Even all candidates in FP32 fail: nothing to search."""
+
+
+def _log_comb(n: int, k: int) -> float:
+    if k < 0 or k > n:
+        return -math.inf
+    return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+
+
+class GroupTesting:
+    """Adaptive group testing with a 1-minimal, literally verified result.
+
+    Options: ``prior_decay``, ``prior_power`` — the prior over the total number of culprits k is
+    P(k) ∝ decay^k · (k+1)^-power (default geometric, decay 0.7: small k likely, any k possible; tuned on the
+    synthetic benchmark); ``power_of_two`` — restrict group sizes to powers of two (Hwang) instead of any size;
+    ``smart_split`` — split contaminated groups where P(first part clean) ≈ 1/2 rather than in halves;
+    ``use_scores`` — follow the ``scores`` hint when given.
+    """
+
+    name = "gt"
+
+    def __init__(
+        self,
+        prior_decay: float = 0.7,
+        use_scores: bool = True,
+        power_of_two: bool = False,
+        smart_split: bool = True,
+        prior_power: float = 0.0,
+    ) -> None:
+        self.prior_power = prior_power
+        self.power_of_two = power_of_two
+        self._post_cache: dict[tuple[int, int, int], list[tuple[int, float]]] = {}
+        self.smart_split = smart_split
+        if not 0.0 < prior_decay <= 1.0:
+            raise ValueError("prior_decay must be in (0, 1]")
+        self.prior_decay = prior_decay
+        self.use_scores = use_scores
+
+    # ------------------------------------------------------------------ posterior
+    def _log_prior(self, k: int) -> float:
+        return k * math.log(self.prior_decay) - self.prior_power * math.log(k + 1)
+
+    def _posterior(self, n_total: int, n_found: int, n_undecided: int) -> list[tuple[int, float]]:
+        """P(m culprits remain among the undecided), as (m, weight) pairs that sum to 1."""
+        key = (n_total, n_found, n_undecided)
+        cached = self._post_cache.get(key)
+        if cached is not None:
+            return cached
+        u = n_undecided
+        logw: list[tuple[int, float]] = []
+        for m in range(0, u + 1):
+            lw = self._log_prior(n_found + m) + _log_comb(u, m) - _log_comb(n_total, n_found + m)
+            logw.append((m, lw))
+            if m > 4 and lw < max(w for _, w in logw) - 40:  # the tail is negligible
+                break
+        top = max(lw for _, lw in logw)
+        weights = [(m, math.exp(lw - top)) for m, lw in logw]
+        z = sum(w for _, w in weights)
+        post = [(m, w / z) for m, w in weights]
+        self._post_cache[key] = post
+        return post
+
+    @staticmethod
+    def _p_clean(post: list[tuple[int, float]], u: int, g: int) -> float:
+        """P(a given group of g undecided nodes holds no culprit)."""
+        total = 0.0
+        for m, w in post:
+            if m <= u - g:
+                total += w * math.exp(_log_comb(u - g, m) - _log_comb(u, m))
+        return total
+
+    def _closest_half(self, f: Callable[[int], float], lo: int, hi: int) -> int:
+        """The size in [lo, hi] whose (non-increasing) probability f(size) is closest to 1/2."""
+        a, b = lo, hi
+        while b - a > 1:  # f(a) >= 1/2 > f(b) after the loop, when both ends straddle 1/2
+            mid = (a + b) // 2
+            if f(mid) >= 0.5:
+                a = mid
+            else:
+                b = mid
+        return min((a, b), key=lambda x: (abs(f(x) - 0.5), x))
+
+    def _group_size(self, post: list[tuple[int, float]], u: int) -> int:
+        if self.power_of_two:
+            best_g, best_d = u, 2.0
+            g = 1
+            sizes = []
+            while g < u:
+                sizes.append(g)
+                g *= 2
+            sizes.append(u)
+            for g in sizes:
+                d = abs(self._p_clean(post, u, g) - 0.5)
+                if d < best_d - 1e-12:
+                    best_g, best_d = g, d
+            return best_g
+        return self._closest_half(lambda g: self._p_clean(post, u, g), 1, u)
+
+    def _split_size(self, post: list[tuple[int, float]], u: int, g: int) -> int:
+        """For a contaminated group of g: the first-part size h whose P(clean | group contaminated) ≈ 1/2."""
+        if g <= 2 or not self.smart_split:
+            return g // 2
+        pg = self._p_clean(post, u, g)
+        if pg >= 1.0 - 1e-12:
+            return g // 2
+
+        def f(h: int) -> float:
+            return (self._p_clean(post, u, h) - pg) / (1.0 - pg)
+
+        return self._closest_half(f, 1, g - 1)
+
+    # ------------------------------------------------------------------ search
+    def search(
+        self,
+        candidates: Sequence[str],
+        passes: Callable[[frozenset[str]], bool],
+        **hints: object,
+    ) -> frozenset[str]:
+        cands = list(dict.fromkeys(candidates))
+        ask = Asker(cands, passes, hints)
+        if not cands:
+            return frozenset()
+        order = self._order(cands, hints.get("scores"))
+        n_total = len(order)
+
+        found: list[str] = []  # D, in discovery order
+        undecided: list[str] = list(order)  # U, in visiting order
+        seen_pass = False
+        in_phase1 = False  # phase 1 ends at its first pass: its isolations need no all-FP32 sanity check
+
+        def test(group: Sequence[str]) -> bool:
+            """True when ``group`` (⊆ U) can go FP16 together with everything already cleared."""
+            nonlocal seen_pass
+            gone = set(group)
+            ok = ask(frozenset(found) | frozenset(x for x in undecided if x not in gone))
+            seen_pass = seen_pass or ok
+            return ok
+
+        def isolate(group: list[str]) -> None:
+            """``group`` ⊆ U is contaminated: halve it until one culprit is isolated; clear clean halves."""
+            nonlocal undecided, seen_pass
+            while len(group) > 1:
+                post = self._posterior(n_total, len(found), len(undecided))
+                half = group[: self._split_size(post, len(undecided), len(group))]
+                if test(half):
+                    gone = set(half)
+                    undecided = [x for x in undecided if x not in gone]
+                    group = group[len(half) :]
+                else:
+                    group = half
+            culprit = group[0]
+            if not seen_pass and not in_phase1:
+                # Nothing has passed yet: make sure all-FP32 passes at all before trusting any isolation.
+                if not ask(frozenset(cands)):
+                    raise _AllFail
+                seen_pass = True
+            found.append(culprit)
+            undecided = [x for x in undecided if x != culprit]
+            ask.report(len(found))
+
+        try:
+            # Phase 1 (only with informative scores): test the top-scored nodes one by one while they are culprits.
+            if order is not cands:
+                ask.phase = "scores"
+                in_phase1 = True
+                while undecided:
+                    if test(undecided[:1]):
+                        undecided = undecided[1:]
+                        break
+                    isolate(undecided[:1])
+                in_phase1 = False
+                # Are the top-scored culprits all of them? (When yes, this is the final passes(R) check.)
+                if found and undecided and test(undecided):
+                    undecided = []
+
+            # Phase 2: generalised binary splitting with a posterior-chosen group size.
+            ask.phase = "split"
+            while undecided:
+                post = self._posterior(n_total, len(found), len(undecided))
+                g = self._group_size(post, len(undecided))
+                group = undecided[:g]
+                if test(group):
+                    gone = set(group)
+                    undecided = [x for x in undecided if x not in gone]
+                    continue
+                isolate(group)
+        except _AllFail:
+            return frozenset(cands)
+
+        result = frozenset(found)
+        return repair(ask, result, order)
+
+    def _order(self, cands: list[str], scores: object) -> list[str]:
+        if not self.use_scores or not isinstance(scores, Mapping) or not scores:
+            return cands
+        vals = {n: float(scores.get(n, 0.0)) for n in cands}  # type: ignore[arg-type]
+        if len(set(vals.values())) <= 1:
+            return cands
+        idx = {n: i for i, n in enumerate(cands)}
+        return sorted(cands, key=lambda n: (-vals[n], idx[n]))
