@@ -408,3 +408,29 @@ def test_inputs_that_crashed_now_work(tmp_path, capsys, case):
     if case == "rich-markup-names":
         for name in ("a[/]", "[bold]b", "c[/red]", "[link=x]d"):
             assert name in captured.out
+
+
+def test_batch_keeps_going_after_an_environment_error_in_one_model(tmp_path):
+    """A directory given as --load-inputs to one model (an OSError deep in loading) was an internal error of the
+    whole batch; now that model is ERROR (input), exit 2, and the next model still runs."""
+    config = tmp_path / "nightly.toml"
+    config.write_text(f"""
+[defaults]
+args = ["--fp16", "--atol", "1e-1", "--cache-dir", "{tmp_path / 'c'}"]
+output_dir = "{tmp_path / 'out'}"
+
+[[model]]
+name = "bad-inputs"
+path = "{SEED}"
+args = ["--load-inputs", "{tmp_path}"]
+
+[[model]]
+name = "good"
+path = "{SEED}"
+args = ["--val-range", "x:[1,2]"]
+""")
+    js = tmp_path / "batch.json"
+    assert main_cli("batch", config, "--json", js) == 2
+    models = {m["name"]: m for m in json.loads(js.read_text())["models"]}
+    assert models["bad-inputs"]["exit_code"] == 2 and "Is a directory" in models["bad-inputs"]["error"]
+    assert models["good"]["exit_code"] == 0

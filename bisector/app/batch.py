@@ -162,6 +162,10 @@ def run_batch(config: BatchConfig, parse_args: Callable[[str, list[str]], dict[s
         except BisectorError as exc:
             outcome.exit_code, outcome.error = exc.exit_code, str(exc)
             log.error("%s: %s", e.name, exc)
+        except (OSError, MemoryError) as exc:  # the environment, for this model: exit 2 for it, the batch goes on
+            reason = f"{exc.filename}: {exc.strerror}" if isinstance(exc, OSError) and exc.filename else str(exc)
+            outcome.exit_code, outcome.error = 2, reason or type(exc).__name__
+            log.error("%s: %s", e.name, outcome.error)
         outcome.seconds = time.perf_counter() - t0
         outcome.status = STATUS.get(outcome.exit_code, f"exit {outcome.exit_code}")
         outcomes.append(outcome)

@@ -108,7 +108,7 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
                 progress.end()
         confirmed_on = None
         if confirm is not None and result.passed:
-            result = _confirm(Path(model), groups, confirm, s, result)
+            result = _confirm(Path(model), groups, confirm, s, result, budget)
             confirmed_on = confirm.backend
         extra_report, t_plot = "", 0.0
         if plot and output_dir is not None:
@@ -151,12 +151,15 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
             journal.close()
 
 
-def _confirm(model: Path, groups: dict, confirm: BackendChoice, s: Search, found: SearchResult) -> SearchResult:
-    """Judge the set found here on the hardware backend; where it fails there, extend (then shrink) it there."""
+def _confirm(model: Path, groups: dict, confirm: BackendChoice, s: Search, found: SearchResult,
+             budget: Budget) -> SearchResult:
+    """Judge the set found here on the hardware backend; where it fails there, extend (then shrink) it there.
+    --time-limit runs on the command's one clock (`budget.started`); --max-evals counts this search's own."""
     with build_job(model, groups[Inputs], groups[Tolerances], confirm, groups[Cache]) as there:
         journal = there.journal(resume=s.resume)
         try:
-            oracle = there.oracle(budget=Budget(max_evals=s.max_evals, time_limit=s.time_limit), journal=journal)
+            oracle = there.oracle(budget=Budget(max_evals=s.max_evals, time_limit=s.time_limit,
+                                                started=budget.started), journal=journal)
             result = run_search(oracle, s.strategy, {"direction": s.direction}, start=found.fp32)
         finally:
             if journal is not None:
