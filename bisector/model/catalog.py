@@ -137,24 +137,26 @@ class Catalog:
 
 
 # ---- helpers -----------------------------------------------------------------------------------------------
-# Names the FP16 writers derive from a tensor `t` (fp16/mixed.py, the emulation, ort-cuda): a model that already has
-# such a tensor next to `t` would have two producers of one name in the mixed model.
-RESERVED_SUFFIXES = ("__fp16", "__fp16_param", "__fp32_compute", "__raw", "__cast_to_fp16", "__cast_to_fp32",
-                     "__store_fp16", "__cast_to_fp32_out")
+# Names the FP16 writers derive from a tensor `t` (the mixed model, the emulation, ort-cuda): `t__fp16`,
+# `t__fp16_param`, `t__rounded`, `t__raw`, `t__fp32_compute`, `t__cast_to_fp32`, ... A model that already has such
+# a tensor beside `t` would get two producers of one name in the mixed model.
+RESERVED_SUFFIXES = ("__fp16", "__fp32", "__rounded", "__raw", "__cast", "__store")
 
 
 def _check_reserved_names(graph: onnx.GraphProto, path: Path | None) -> None:
-    """UsageError naming the tensor when a model tensor collides with a name the mixed writer derives."""
+    """UsageError naming the tensor when a model tensor collides with a name the FP16 writers derive."""
     tensors = {t for n in graph.node for t in list(n.input) + list(n.output) if t}
     tensors |= {i.name for i in graph.input} | {i.name for i in graph.initializer}
-    for t in sorted(tensors):
-        for suffix in RESERVED_SUFFIXES:
-            derived = t + suffix
-            if derived in tensors:
+    for derived in sorted(t for t in tensors if "__" in t):
+        i = derived.find("__")
+        while i > 0:
+            base, suffix = derived[:i], derived[i:]
+            if base in tensors and suffix.startswith(RESERVED_SUFFIXES):
                 raise UsageError(
-                    f"{path or 'model'}: tensor {derived!r} collides with the name bisector derives for the FP16 "
-                    f"copy of tensor {t!r} (the suffix {suffix!r} is reserved); rename it in the model (is this a "
-                    "model.mixed.onnx? search the original model instead)")
+                    f"{path or 'model'}: tensor {derived!r} collides with the names bisector derives from tensor "
+                    f"{base!r} (suffixes {', '.join(RESERVED_SUFFIXES)} are reserved); rename it in the model (is "
+                    "this a model.mixed.onnx? search the original model instead)")
+            i = derived.find("__", i + 1)
 
 
 def _load_model(path: Path) -> onnx.ModelProto:
