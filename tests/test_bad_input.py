@@ -327,6 +327,8 @@ BAD_INPUTS = {
     "junit-onto-model-via-symlink": (lambda t: (_chain(t / "m.onnx"), os.symlink(t / "m.onnx", t / "link.xml"),
                                                 ["precision", t / "m.onnx", *BASE, "--junit", t / "link.xml", "-o",
                                                  t / "o", "--cache-dir", t / "c"])[-1], ["input model"]),
+    "convert-onto-model": (lambda t: ["convert", _chain(t / "m.onnx"), "--fp16", "-o", t / "m.onnx"],
+                           ["m.onnx", "input model"]),
     "constraints-newer-schema": (lambda t: ["verify", SEED, *BASE, "--val-range", "x:[1,2]", "--constraints",
                                             _constraints_with(t, schema_version=99), "--cache-dir", t / "c"],
                                  ["schema_version 99", "newer"]),

@@ -50,6 +50,9 @@ class Catalog:
         path = Path(path)
         model = _load_model(path)
         _check_reserved_names(model.graph, path)  # a user's model (mixed models built in memory are exempt)
+        from bisector.files import protect
+
+        protect(path, "the input model")  # no output of this process may overwrite it (-o, --json, ...)
         return cls.from_model(model, path=path, sha256=_digest(path, model))
 
     @classmethod
