@@ -78,6 +78,7 @@ def write_file_atomic(path: Path, fill: Callable[[BinaryIO], None]) -> None:
     path = Path(path)
     check_not_input(path)
     ensure_dir(path.parent if str(path.parent) else Path("."))
+    clean_stale_temporaries(path.parent if str(path.parent) else Path("."), [path.name])  # a killed run's, of this file
     fd, tmp = None, None
     try:
         fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), suffix=".tmp", dir=path.parent)

@@ -77,6 +77,15 @@ def test_stale_temporaries_of_killed_runs_are_cleaned_and_nothing_else(tmp_path)
     assert live.exists() and mine.exists() and other.exists()
 
 
+def test_every_write_cleans_the_temporaries_a_killed_run_left_of_its_file(tmp_path):
+    from bisector.files import write_text_atomic
+
+    stale = tmp_path / f".s.json.bisector-{_dead_pid()}.abcdefgh.tmp"
+    stale.write_text("half")
+    write_text_atomic(tmp_path / "s.json", "{}")
+    assert not stale.exists() and (tmp_path / "s.json").read_text() == "{}"
+
+
 def _recording_writes(monkeypatch, fail_on=None):
     from bisector import files
 
