@@ -319,3 +319,31 @@ def test_ctrl_c_is_exit_130_with_how_to_resume(tmp_path, monkeypatch, capsys):
     assert code == 130, err  # before: click's "Aborted!", exit 1
     assert "interrupted" in err and "same command" in err and "journal" in err
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+
+
+def test_a_read_only_or_full_journal_is_not_called_damaged(tmp_path):
+    from bisector.errors import UsageError
+    from bisector.fp16.plan import Plan
+    from bisector.search.journal import JournalCorrupt, SqliteJournal
+    from bisector.search.judge import Verdict
+
+    j = SqliteJournal(tmp_path / "j.sqlite", {"k": 1})
+
+    class Failing:
+        def __init__(self, exc):
+            self.exc = exc
+
+        def execute(self, *a):
+            raise self.exc
+
+        def close(self):
+            pass
+
+    plan = Plan(frozenset({"a"}), ("a", "b"))
+    for exc, fragment, corrupt in ((sqlite3.OperationalError("attempt to write a readonly database"), "readonly", False),
+                                   (sqlite3.OperationalError("database or disk is full"), "disk is full", False),
+                                   (sqlite3.DatabaseError("database disk image is malformed"), "damaged", True)):
+        j.db = Failing(exc)
+        with pytest.raises(UsageError) as info:
+            j.record(plan, Verdict(plan.fp32, True, {}, 0))
+        assert fragment in str(info.value) and isinstance(info.value, JournalCorrupt) is corrupt

@@ -98,7 +98,16 @@ class SqliteJournal:
                             (self.key, json.dumps(self.description, sort_keys=True, default=str)))
         except sqlite3.DatabaseError as exc:
             self.db.close()
-            raise self._corrupt(exc) from None
+            raise self._error(exc) from None
+
+    def _error(self, exc: sqlite3.DatabaseError) -> UsageError:
+        """A damaged file (DatabaseError proper) or an environment problem (OperationalError: read-only, locked,
+        disk full), each with what to do."""
+        if isinstance(exc, sqlite3.OperationalError) and "malformed" not in str(exc):
+            full = "full" in str(exc).lower()
+            return UsageError(f"cannot use the journal {self.path}: {'the disk is full' if full else exc}; free space "
+                              "or choose another --cache-dir (or run with --no-cache)")
+        return self._corrupt(exc)
 
     def _corrupt(self, exc: Exception) -> JournalCorrupt:
         return JournalCorrupt(
@@ -125,7 +134,7 @@ class SqliteJournal:
             row = self.db.execute("SELECT verdict, checksum FROM evaluations WHERE key=? AND plan=?",
                                   (self.key, key)).fetchone()
         except sqlite3.DatabaseError as exc:
-            raise self._corrupt(exc) from None
+            raise self._error(exc) from None
         if row is None:
             return None
         text, checksum = row
@@ -154,9 +163,7 @@ class SqliteJournal:
                 (self.key, key, int(verdict.passed), text, time.time(), row_checksum(self.key, key, text)),
             )
         except sqlite3.DatabaseError as exc:
-            if isinstance(exc, sqlite3.OperationalError) and "full" in str(exc).lower():
-                raise UsageError(f"cannot write the journal {self.path}: the disk is full") from None
-            raise self._corrupt(exc) from None
+            raise self._error(exc) from None
 
     def count(self) -> int:
         return self.db.execute("SELECT COUNT(*) FROM evaluations WHERE key=?", (self.key,)).fetchone()[0]
