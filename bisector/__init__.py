@@ -10,6 +10,7 @@ _API = frozenset({
     "precision", "verify", "evaluate", "profile", "inspect", "run_batch", "load_config",
     "PrecisionResult", "VerifyResult", "EvaluateResult", "ProfileResult", "BatchConfig", "BatchResult", "ModelEntry",
     "Inputs", "Tolerances", "BackendChoice", "Cache", "Search",
+    "debug_precision", "DebugResult", "Candidate", "Check",
 })
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from bisector.app.batch import BatchConfig, BatchResult, ModelEntry, load_config, run_batch
 from bisector.app.convert import convert
+from bisector.app.debug import Candidate, Check, DebugResult, debug_precision
 from bisector.app.evaluate import EvaluateResult, evaluate
 from bisector.app.inspect import inspect, inspect_data, trt_network
 from bisector.app.polyrun import PolyRunResult, check_model, fp32_from_flags, gen_script, polyrun
@@ -26,4 +27,5 @@ __all__ = [
     "Inputs", "Tolerances", "BackendChoice", "Cache", "Search", "Suite", "Case", "format_comparison",
     "profile_document", "polyrun", "PolyRunResult", "check_model", "fp32_from_flags", "convert", "inspect_data",
     "trt_network", "gen_script",
+    "debug_precision", "DebugResult", "Candidate", "Check",
 ]

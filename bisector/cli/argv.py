@@ -8,7 +8,26 @@ next token that starts with `-`. The flags come from the option groups (`multi=T
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from typing import Sequence
+
+# `debug precision … --check CMD…`: everything after --check is the check command (Polygraphy's REMAINDER)
+CHECK_FLAGS = frozenset({"--check", "--check-inference"})
+CHECK_COMMAND: ContextVar[list[str] | None] = ContextVar("CHECK_COMMAND", default=None)
+
+
+def split_check(argv: Sequence[str]) -> list[str]:
+    """Cut `--check CMD…` off argv (first occurrence, before any `--`); CMD is kept in CHECK_COMMAND for the
+    `debug` commands to read. Click never sees the check command, so its flags cannot be taken for ours."""
+    argv = list(argv)
+    for i, tok in enumerate(argv):
+        if tok == "--":
+            break
+        if tok in CHECK_FLAGS:
+            CHECK_COMMAND.set(argv[i + 1:])
+            return argv[:i]
+    CHECK_COMMAND.set(None)
+    return argv
 
 def expand_multi_value_flags(argv: Sequence[str], flags: frozenset[str] | None = None) -> list[str]:
     if flags is None:
@@ -21,7 +40,7 @@ def expand_multi_value_flags(argv: Sequence[str], flags: frozenset[str] | None =
     current: str | None = None  # the multi-value flag whose values we are reading
     taken = 0
     for i, tok in enumerate(argv):
-        if tok == "--":
+        if tok == "--" or tok in CHECK_FLAGS:  # the check command after --check is copied verbatim
             out.extend(argv[i:])
             return out
         if tok.startswith("-"):

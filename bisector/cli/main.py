@@ -17,7 +17,7 @@ import threading
 import typer
 
 from bisector import __version__
-from bisector.cli.argv import expand_multi_value_flags
+from bisector.cli.argv import expand_multi_value_flags, split_check
 from bisector.errors import BisectorError
 from bisector.text import terminal
 
@@ -32,6 +32,7 @@ app = typer.Typer(
 
 from bisector.cli.commands.batch import batch
 from bisector.cli.commands.convert import convert
+from bisector.cli.commands.debug import debug_app
 from bisector.cli.commands.inspect import inspect
 from bisector.cli.commands.precision import precision
 from bisector.cli.commands.profile import profile
@@ -45,6 +46,7 @@ app.command()(run)
 app.command()(verify)
 app.command()(batch)
 app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(convert)
+app.add_typer(debug_app, name="debug")
 
 RESUME_HINT = ("interrupted; every finished evaluation is kept in the journal (unless --no-cache): run the same "
                "command again to resume where it stopped")
@@ -66,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
 
     Flag errors are click's (exit 2, its usage message); ours are BisectorError with their own exit code.
     """
-    args = expand_multi_value_flags(list(sys.argv[1:] if argv is None else argv))
+    args = split_check(expand_multi_value_flags(list(sys.argv[1:] if argv is None else argv)))
     verbose = "--verbose" in args or "-v" in args
     with _safe_streams(), _sigint():
         try:

@@ -32,7 +32,9 @@ CLI_MULTI_VALUE_FLAGS = frozenset({"--fp32"})
 
 def multi_value_flags() -> frozenset[str]:
     """Every Polygraphy-style space-separated multi-value flag (see argv.py)."""
-    return CLI_MULTI_VALUE_FLAGS | {flag for g in api_groups() for f in dataclasses.fields(g)
+    from bisector.app.api import Check
+
+    return CLI_MULTI_VALUE_FLAGS | {flag for g in (*api_groups(), Check) for f in dataclasses.fields(g)
                                     if f.metadata.get("multi") for flag in f.metadata["flags"]}
 
 
