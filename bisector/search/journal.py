@@ -127,6 +127,24 @@ class SqliteJournal:
         log.warning("the journal %s was damaged: set aside as %s, starting a new one", self.path, aside)
 
     def lookup(self, plan: Plan) -> Verdict | None:
+        doc = self.lookup_json(plan)
+        if doc is None:
+            return None
+        try:
+            verdict = Verdict.from_json(doc)
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("journal %s: unreadable entry for plan %s (%s): judging it again", self.path, plan.key()[:80],
+                        exc)
+            return None
+        if verdict.fp32 != plan.fp32:
+            log.warning("journal %s: the entry for plan %s is for another plan: judging it again", self.path,
+                        plan.key()[:80])
+            return None
+        return verdict
+
+    def lookup_json(self, plan: Plan) -> dict | None:
+        """The stored verdict of `plan` as JSON, only when its row's checksum holds (None: absent, not resuming,
+        or not trusted — then it is judged again and the row replaced)."""
         if not self.resume:
             return None
         key = plan.key()
@@ -144,14 +162,11 @@ class SqliteJournal:
                         key[:80], why)
             return None
         try:
-            verdict = Verdict.from_json(json.loads(text))
-        except (ValueError, KeyError, TypeError) as exc:
+            doc = json.loads(text)
+        except ValueError as exc:
             log.warning("journal %s: unreadable entry for plan %s (%s): judging it again", self.path, key[:80], exc)
             return None
-        if verdict.fp32 != plan.fp32:
-            log.warning("journal %s: the entry for plan %s is for another plan: judging it again", self.path, key[:80])
-            return None
-        return verdict
+        return doc if isinstance(doc, dict) else None
 
     def record(self, plan: Plan, verdict: Verdict) -> None:
         # Same key and plan: a --no-resume run (or a distrusted row) re-judged it; the newer verdict replaces it.
