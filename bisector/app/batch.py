@@ -11,7 +11,9 @@
     args = ["--val-range", "x:[1,2]"]
     expect_fp32 = ["Add", "Sub"]     # optional: a different set found is a regression
 
-Relative paths are resolved against the config file's folder. A model's error (exit 2/3) is recorded and the
+Relative paths are resolved against the config file's folder. `parallel_models = N` under [defaults] runs N
+models at once, each in its own process (outcomes still in config order); `--workers`/`--ray` in `args` parallelise
+the evaluations inside each model's search instead. A model's error (exit 2/3) is recorded and the
 batch goes on with the next one. `args` are command-line flags: whoever runs the batch turns them into options
 (`parse_args`; the CLI uses its own flag parser), so the config means exactly what the flags mean.
 """
@@ -47,6 +49,7 @@ class Defaults(BaseModel):
     model_config = ConfigDict(extra="forbid")
     args: list[str] = []
     output_dir: Path = Path("bisector_batch")
+    parallel_models: int = 1  # models searched at once, each in its own worker process (issue 16)
 
 
 class BatchConfig(BaseModel):
@@ -126,47 +129,101 @@ STATUS = {0: "ok", 1: "REGRESSED", 2: "ERROR (input)", 3: "ERROR (backend)"}
 
 
 def run_batch(config: BatchConfig, parse_args: Callable[[str, list[str]], dict[str, Any]],
-              only: list[str] | None = None, on_model: Callable[[ModelEntry], None] | None = None) -> BatchResult:
+              only: list[str] | None = None, on_model: Callable[[ModelEntry], None] | None = None,
+              parallel: int | None = None) -> BatchResult:
     """Run every entry (or those named in `only`). `parse_args(mode, args)` turns an entry's flags into API
-    keyword options."""
-    from bisector.app.precision import precision
-    from bisector.app.verify import verify
-
+    keyword options. `parallel`: models at once (default: the config's `parallel_models`), each in a worker
+    process; the outcomes come back in config order either way."""
     entries = [e for e in config.model if not only or e.name in only]
     if only and len(entries) != len(set(only)):
         known = [e.name for e in config.model]
         raise UsageError(f"--only names unknown model(s) {sorted(set(only) - set(known))}; the config has {known}")
+    parallel = parallel if parallel is not None else config.defaults.parallel_models
+    if parallel < 1:
+        raise UsageError(f"parallel_models {parallel}: must be at least 1")
+    if parallel > 1 and len(entries) > 1:
+        return BatchResult(_run_parallel(config, entries, parse_args, on_model, parallel))
     outcomes = []
     for e in entries:
-        assert e.name is not None
         if on_model is not None:
             on_model(e)
         t0 = time.perf_counter()
-        outcome = ModelOutcome(e.name, e.mode, 0, "ok", 0.0)
         try:
             options = parse_args(e.mode, [*config.defaults.args, *e.args])
-            if e.mode == "precision":
-                r = precision(e.path, output_dir=config.defaults.output_dir / e.name, **options)
-                outcome.fp32_nodes, outcome.outputs = r.fp32_nodes, r.verdict.outputs
-                outcome.exit_code = 0 if r.passed else 1
-                if r.passed and e.expect_fp32 is not None and sorted(e.expect_fp32) != sorted(r.fp32_nodes):
-                    outcome.regression = (f"FP32 set changed: expected {sorted(e.expect_fp32)}, found "
-                                          f"{sorted(r.fp32_nodes)}")
-                    outcome.exit_code = 1
-            else:
-                assert e.constraints is not None
-                v = verify(e.path, e.constraints, **options)
-                outcome.fp32_nodes, outcome.outputs = v.fp32_nodes, v.verdict.outputs
-                outcome.missing_nodes = v.missing_nodes
-                outcome.exit_code = 0 if v.passed else 1
         except BisectorError as exc:
-            outcome.exit_code, outcome.error = exc.exit_code, str(exc)
-            log.error("%s: %s", e.name, exc)
-        except (OSError, MemoryError) as exc:  # the environment, for this model: exit 2 for it, the batch goes on
-            reason = f"{exc.filename}: {exc.strerror}" if isinstance(exc, OSError) and exc.filename else str(exc)
-            outcome.exit_code, outcome.error = 2, reason or type(exc).__name__
-            log.error("%s: %s", e.name, outcome.error)
-        outcome.seconds = time.perf_counter() - t0
-        outcome.status = STATUS.get(outcome.exit_code, f"exit {outcome.exit_code}")
-        outcomes.append(outcome)
+            outcomes.append(_failed(e, exc, time.perf_counter() - t0))
+            continue
+        outcomes.append(_run_entry(e, config.defaults.output_dir, options))
     return BatchResult(outcomes)
+
+
+def _failed(e: ModelEntry, exc: BisectorError, seconds: float) -> ModelOutcome:
+    assert e.name is not None
+    log.error("%s: %s", e.name, exc)
+    return ModelOutcome(e.name, e.mode, exc.exit_code, STATUS.get(exc.exit_code, f"exit {exc.exit_code}"), seconds,
+                        error=str(exc))
+
+
+def _run_parallel(config: BatchConfig, entries: list[ModelEntry], parse_args, on_model, parallel: int
+                  ) -> list[ModelOutcome]:
+    """Models at once in worker processes (forkserver: the heavy imports once); flags parsed here, so a bad flag
+    is reported without starting anything."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from bisector.app.precision import WORKER_PRELOAD
+    from bisector.search.executors import PRELOAD
+
+    outcomes: list[ModelOutcome | None] = [None] * len(entries)
+    todo = []
+    for i, e in enumerate(entries):
+        try:
+            todo.append((i, e, parse_args(e.mode, [*config.defaults.args, *e.args])))
+        except BisectorError as exc:
+            outcomes[i] = _failed(e, exc, 0.0)
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([*PRELOAD, *WORKER_PRELOAD])
+    with ProcessPoolExecutor(max_workers=min(parallel, max(1, len(todo))), mp_context=ctx) as pool:
+        futures = []
+        for i, e, options in todo:
+            if on_model is not None:
+                on_model(e)
+            futures.append((i, pool.submit(_run_entry, e, config.defaults.output_dir, options)))
+        for i, f in futures:
+            outcomes[i] = f.result()
+    return [o for o in outcomes if o is not None]
+
+
+def _run_entry(e: ModelEntry, output_dir: Path, options: dict[str, Any]) -> ModelOutcome:
+    """One model: its search or verify through the API. A bisector error is the model's outcome."""
+    from bisector.app.precision import precision
+    from bisector.app.verify import verify
+
+    assert e.name is not None
+    t0 = time.perf_counter()
+    outcome = ModelOutcome(e.name, e.mode, 0, "ok", 0.0)
+    try:
+        if e.mode == "precision":
+            r = precision(e.path, output_dir=output_dir / e.name, **options)
+            outcome.fp32_nodes, outcome.outputs = r.fp32_nodes, r.verdict.outputs
+            outcome.exit_code = 0 if r.passed else 1
+            if r.passed and e.expect_fp32 is not None and sorted(e.expect_fp32) != sorted(r.fp32_nodes):
+                outcome.regression = (f"FP32 set changed: expected {sorted(e.expect_fp32)}, found "
+                                      f"{sorted(r.fp32_nodes)}")
+                outcome.exit_code = 1
+        else:
+            assert e.constraints is not None
+            v = verify(e.path, e.constraints, **options)
+            outcome.fp32_nodes, outcome.outputs = v.fp32_nodes, v.verdict.outputs
+            outcome.missing_nodes = v.missing_nodes
+            outcome.exit_code = 0 if v.passed else 1
+    except BisectorError as exc:
+        outcome.exit_code, outcome.error = exc.exit_code, str(exc)
+        log.error("%s: %s", e.name, exc)
+    except (OSError, MemoryError) as exc:  # the environment, for this model: exit 2 for it, the batch goes on
+        reason = f"{exc.filename}: {exc.strerror}" if isinstance(exc, OSError) and exc.filename else str(exc)
+        outcome.exit_code, outcome.error = 2, reason or type(exc).__name__
+        log.error("%s: %s", e.name, outcome.error)
+    outcome.seconds = time.perf_counter() - t0
+    outcome.status = STATUS.get(outcome.exit_code, f"exit {outcome.exit_code}")
+    return outcome

@@ -250,8 +250,20 @@ class Search:
     time_limit: Optional[float] = option("--time-limit", default=None,
                                          help="Stop after this many seconds (search and artifacts); report the best "
                                               "passing set so far.")
+    workers: Optional[int] = option("--workers", default=None,
+                                    help="Judge independent plans at once on N worker processes on this machine "
+                                         "(GPU backends: one GPU each; emulate: the cores shared). With --ray: the "
+                                         "number of Ray actors (default: the cluster's GPUs, or CPUs for emulate).")
+    ray: Optional[str] = option("--ray", default=None,
+                                help="Judge plans on Ray actors (needs the ray extra of bisector): ray://host:10001, "
+                                     "auto (RAY_ADDRESS or the local cluster) or local (start one here).")
 
     def __post_init__(self) -> None:
+        if self.workers is not None and self.workers < 1:
+            raise UsageError(f"--workers {self.workers}: must be at least 1")
+        if self.ray is not None and not (self.ray in ("auto", "local") or self.ray.startswith("ray://")
+                                         or ":" in self.ray):
+            raise UsageError(f"--ray {self.ray!r}: give ray://host:10001, host:6379, auto or local")
         if self.direction not in (None, "forward", "reverse"):
             raise UsageError(f"--direction {self.direction!r}: choose forward or reverse")
         if self.objective not in ("count", "flops"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ from bisector.errors import UsageError
 from bisector.files import ensure_dir
 from bisector.budget import Budget
 from bisector.search.driver import SearchResult, run_search
+from bisector.search.executors import WORKER_INDEX, Executor, RayPool, start_executor, worker_threads
 from bisector.search.judge import Verdict
 
 log = logging.getLogger("bisector")
@@ -74,7 +76,14 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
         confirm = dataclasses.replace(groups[BackendChoice], backend=s.confirm_on)
         backend_factory(confirm.backend, **confirm.backend_options(groups[Inputs].input_shapes))
     t0 = time.perf_counter()
-    job = build_job(Path(model), groups[Inputs], groups[Tolerances], groups[BackendChoice], groups[Cache])
+    # Workers start first: their imports (or Ray's set-up) overlap the golden run and the canary here.
+    executor = start_executor(groups[BackendChoice].backend, s.workers, s.ray, preload=WORKER_PRELOAD)
+    try:
+        job = build_job(Path(model), groups[Inputs], groups[Tolerances], groups[BackendChoice], groups[Cache])
+    except BaseException:
+        if executor is not None:
+            executor.close()
+        raise
     journal = None
     try:
         t_setup = time.perf_counter() - t0
@@ -98,6 +107,9 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
         journal = job.journal(resume=s.resume)
         observers = [f for f in (on_verdict, progress.on_verdict if progress is not None else None) if f]
         oracle = job.oracle(budget=budget, journal=journal, on_verdict=lambda v: [f(v) for f in observers])
+        if executor is not None:
+            open_job_spec(executor, Path(model), groups, job)
+        oracle.executor = executor
         if progress is not None:
             progress.begin(len(cat.candidates))
         try:
@@ -106,6 +118,10 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
         finally:
             if progress is not None:
                 progress.end()
+            if executor is not None:
+                executor.close()
+                executor = None
+            oracle.executor = None
         confirmed_on = None
         if confirm is not None and result.passed:
             result = _confirm(Path(model), groups, confirm, s, result, budget)
@@ -140,12 +156,17 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
             t1 = time.perf_counter()
             paths = write_artifacts(Path(output_dir), cat, constraints, extra_report)
             timings["artifacts"] = time.perf_counter() - t1
+        if result.workers > 1:
+            log.info("%d new evaluation(s) in %d round(s) on %d workers", result.evaluations.get("new", 0),
+                     result.rounds, result.workers)
         if result.stop_reason:
             log.warning("search stopped early (%s): reporting the best passing set found so far", result.stop_reason)
         order = {n: i for i, n in enumerate(cat.candidates)}
         return PrecisionResult(sorted(result.fp32, key=order.__getitem__), result.passed, result.minimal,
                                result.verdict, constraints, paths, result.stop_reason)
     finally:
+        if executor is not None:  # failed before the search
+            executor.close()
         job.close()
         if journal is not None:
             journal.close()
@@ -155,18 +176,96 @@ def _confirm(model: Path, groups: dict, confirm: BackendChoice, s: Search, found
              budget: Budget) -> SearchResult:
     """Judge the set found here on the hardware backend; where it fails there, extend (then shrink) it there.
     --time-limit runs on the command's one clock (`budget.started`); --max-evals counts this search's own."""
-    with build_job(model, groups[Inputs], groups[Tolerances], confirm, groups[Cache]) as there:
+    executor = start_executor(confirm.backend, s.workers, s.ray, preload=WORKER_PRELOAD)  # workers there, too
+    try:
+        there = build_job(model, groups[Inputs], groups[Tolerances], confirm, groups[Cache])
+    except BaseException:
+        if executor is not None:
+            executor.close()
+        raise
+    with there:
         journal = there.journal(resume=s.resume)
         try:
             oracle = there.oracle(budget=Budget(max_evals=s.max_evals, time_limit=s.time_limit,
                                                 started=budget.started), journal=journal)
+            if executor is not None:
+                open_job_spec(executor, model, {**groups, BackendChoice: confirm}, there)
+                oracle.executor = executor
             result = run_search(oracle, s.strategy, {"direction": s.direction}, start=found.fp32)
         finally:
+            if executor is not None:
+                executor.close()
             if journal is not None:
                 journal.close()
     log.info("--confirm-on %s: the set of %d node(s) %s there; final set %d node(s)", confirm.backend,
              len(found.fp32), "holds" if result.fp32 <= found.fp32 else "was extended", len(result.fp32))
     return result
+
+
+# Modules a worker imports before it receives its job (forkserver: once, in the server).
+WORKER_PRELOAD = ("bisector.app.job", "bisector.backends.emulate.backend")
+
+
+@dataclass
+class JobSpec:
+    """The real worker: `build_job` from the model path and the typed option groups, then `judge` per plan.
+
+    `golden`: the driver's golden outputs; the worker judges against exactly these (ORT FP32 with another
+    thread count can differ in the last bits, and a borderline verdict must not depend on the worker).
+    `inputs_digest`: the driver's inputs, checked. `model_bytes`: the model itself, for Ray nodes that cannot
+    read `model` (a model with external data needs a shared filesystem)."""
+
+    model: Path
+    inputs: Any
+    tolerances: Any
+    backend: Any
+    cache: Any
+    golden: list | None = None
+    inputs_digest: str | None = None
+    threads: int = 0
+    model_bytes: bytes | None = None
+
+    def open(self) -> tuple[Evaluate, Callable[[], None]]:
+        from bisector.fp16.plan import Plan
+
+        model = Path(self.model)
+        if not model.exists() and self.model_bytes is not None:
+            import tempfile
+
+            fd, name = tempfile.mkstemp(suffix=".onnx", prefix="bisector-worker-")
+            with os.fdopen(fd, "wb") as f:
+                f.write(self.model_bytes)
+            model = Path(name)
+        extra = {"threads": self.threads} if self.threads and self.backend.backend == "emulate" else {}
+        backend = self.backend
+        if os.environ.get(WORKER_INDEX, "0") != "0" and backend.save_timing_cache is not None:
+            # one writer for the shared file: the first worker saves its TensorRT timing cache, the others not
+            backend = dataclasses.replace(backend, save_timing_cache=None)
+        job = build_job(model, self.inputs, self.tolerances, backend, self.cache,
+                        canary=backend.backend != "emulate", **extra)
+        if self.inputs_digest is not None and job.inputs_info["digest"] != self.inputs_digest:
+            job.close()
+            raise UsageError("a worker generated other inputs than the driver (the input files differ there?)")
+        if self.golden is not None:
+            job.golden.outputs = self.golden
+        candidates = job.catalog.candidates
+
+        def evaluate(fp32: frozenset) -> dict:
+            return job.judge(Plan(frozenset(fp32), candidates)).to_json()
+
+        return evaluate, job.close
+
+
+def open_job_spec(executor: Executor, model: Path, groups: dict, job: Job) -> None:
+    """Hand a started executor the job to open in each worker: the model path and the typed option groups, held
+    to the driver's inputs digest and golden outputs."""
+    spec = JobSpec(Path(model).resolve(), groups[Inputs], groups[Tolerances], groups[BackendChoice], groups[Cache],
+                   golden=job.golden.outputs, inputs_digest=job.inputs_info["digest"],
+                   threads=worker_threads(executor, groups[BackendChoice].backend))
+    if isinstance(executor, RayPool) and executor.address != "local" and Path(model).stat().st_size < 1_500_000_000:
+        spec.model_bytes = Path(model).read_bytes()  # for Ray nodes that cannot read the path
+    executor.open(spec)
+    log.info("judging plans on %d %s worker(s)", executor.workers, executor.kind)
 
 
 def _constraints(job: Job, model: Path, result: SearchResult, strategy: str, timings: dict) -> Constraints:

@@ -43,6 +43,8 @@ class SearchResult:
     stop_reason: str | None = None
     seconds: float = 0.0
     evaluations: dict[str, int] = field(default_factory=dict)
+    rounds: int = 0  # sequential rounds of new evaluations (= new evaluations without an executor)
+    workers: int = 1
 
 
 def run_search(
@@ -83,8 +85,10 @@ def run_search(
         all_hints["progress"] = progress
     if oracle.budget.max_evals is not None:
         all_hints.setdefault("budget", oracle.budget.max_evals)
-    # Sequential today; a parallel backend can answer independent sets at once behind the same hook.
-    all_hints.setdefault("batch", lambda sets: [oracle.passes(frozenset(s)) for s in sets])
+    # Independent sets of one call are judged at once on the oracle's executor (--workers/--ray; one after
+    # another without one); `workers` tells the strategy how many sets a round may usefully hold.
+    all_hints.setdefault("batch", lambda sets: [v.passed for v in oracle.evaluate_many(list(sets))])
+    all_hints.setdefault("workers", oracle.workers)
     try:
         if start is None:
             answer = frozenset(strategy.search(candidates, oracle.passes, **all_hints))
@@ -109,6 +113,8 @@ def run_search(
         stop_reason=stop_reason,
         seconds=time.perf_counter() - t0,
         evaluations={"total": oracle.total, "new": oracle.new, "cached": oracle.cached},
+        rounds=oracle.rounds,
+        workers=oracle.workers,
     )
 
 
@@ -118,12 +124,12 @@ def removable(oracle: Oracle, answer: frozenset[str], judge_missing: bool = True
     1-minimal is claimed only when proven by verdicts actually judged: every single removal tried and failed.
     Strategy-agnostic, so a third-party plugin cannot claim it by accident. `judge_missing`: judge removals the
     search did not ask (verify --check-minimal); otherwise an unjudged removal counts as not proven."""
-    out = []
-    for n in (c for c in oracle.candidates if c in answer):
-        v = oracle.evaluate(answer - {n}, count=False) if judge_missing else oracle.verdicts.get(answer - {n})
-        if v is None or v.passed:
-            out.append(n)
-    return out
+    members = [c for c in oracle.candidates if c in answer]
+    if judge_missing:  # independent sets: judged at once on the oracle's executor
+        verdicts = oracle.evaluate_many([answer - {n} for n in members], count=False)
+    else:
+        verdicts = [oracle.verdicts.get(answer - {n}) for n in members]
+    return [n for n, v in zip(members, verdicts) if v is None or v.passed]
 
 
 def _search_from(strategy, start: frozenset[str], candidates, oracle: Oracle, hints: dict) -> frozenset[str]:
@@ -138,6 +144,10 @@ def _search_from(strategy, start: frozenset[str], candidates, oracle: Oracle, hi
 
     if not oracle.passes(start):
         rest = [n for n in candidates if n not in start]
-        extra = frozenset(strategy.search(rest, lambda s: oracle.passes(frozenset(s) | start), **hints))
+        batch = hints.get("batch")
+        inner = dict(hints)
+        if callable(batch):  # the strategy's sets are asked together with `start`, one at a time or in a batch
+            inner["batch"] = lambda sets: batch([frozenset(s) | start for s in sets])
+        extra = frozenset(strategy.search(rest, lambda s: oracle.passes(frozenset(s) | start), **inner))
         start = start | extra
     return frozenset(strategy.search(within(start), oracle.passes, **hints))

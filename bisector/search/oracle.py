@@ -1,11 +1,18 @@
 """The oracle: FP32 set -> verdict. Runs the backend on every input set, compares with golden, caches, journals.
 
-Strategies only see `passes(frozenset) -> bool`. Repeated sets are answered from memory and are not counted;
-sets answered from the journal of an earlier (killed) run count as `cached`; everything else is `new`.
+Strategies only see `passes(frozenset) -> bool` (and the driver's `batch` hint, `evaluate_many`). Repeated sets
+are answered from memory and are not counted; sets answered from the journal of an earlier (killed) run count as
+`cached`; everything else is `new`.
+
+With an executor (`--workers`, `--ray`; bisector.search.executors) new plans are judged elsewhere, several at a
+time, but the memo, the journal and the budget stay here: `evaluate_many` answers what it can from memory and
+the journal, sends only new plans — never more than the budget has left — journals each verdict as it arrives
+(a killed run loses nothing finished), and returns the verdicts in the order asked.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
@@ -29,6 +36,7 @@ class Journal(Protocol):
 
 class Oracle:
     confirm_final = True  # `confirm`: judge a final set whose verdict came from the journal again
+
     def __init__(
         self,
         backend: Backend,
@@ -39,6 +47,7 @@ class Oracle:
         journal: Journal | None = None,
         budget: Budget | None = None,
         on_verdict: Callable[[Verdict], None] | None = None,
+        executor=None,
     ):
         self.backend = backend
         self.candidates = tuple(candidates)
@@ -52,6 +61,12 @@ class Oracle:
         self.new = 0
         self.cached = 0
         self.history: list[Verdict] = []  # distinct verdicts in the order they were first asked
+        self.executor = executor  # None: judge here with `backend`
+        self.rounds = 0  # sequential rounds of new evaluations: each call costs ceil(new plans / workers)
+
+    @property
+    def workers(self) -> int:
+        return self.executor.workers if self.executor is not None else 1
 
     @property
     def total(self) -> int:
@@ -69,6 +84,8 @@ class Oracle:
 
     def evaluate(self, fp32: frozenset[str], count: bool = True) -> Verdict:
         fp32 = frozenset(fp32)
+        if self.executor is not None:
+            return self.evaluate_many([fp32], count=count)[0]
         known = self.verdicts.get(fp32)
         if known is not None:
             return known
@@ -84,6 +101,7 @@ class Oracle:
             if self.journal is not None:
                 self.journal.record(plan, verdict)
             self.new += 1
+            self.rounds += 1
         self.verdicts[fp32] = verdict
         self.history.append(verdict)
         if self.on_verdict is not None:
@@ -114,3 +132,87 @@ class Oracle:
 
     def _judge(self, plan: Plan) -> Verdict:
         return judge(self.backend, plan, self.feeds_list, self.golden, self.tolerance)
+
+    def evaluate_many(self, sets: Sequence[frozenset[str]], count: bool = True) -> list[Verdict]:
+        """Verdicts for independent sets, in the order given. Without an executor: one after another, exactly as
+        `evaluate`. With one: memo and journal first, then the new plans at once (at most the budget left; when
+        it cuts the batch, the plans sent are judged and recorded, then BudgetExhausted is raised)."""
+        fsets = [frozenset(s) for s in sets]
+        if self.executor is None:
+            return [self.evaluate(s, count=count) for s in fsets]
+        resolved: dict[frozenset[str], Verdict] = {}
+        todo: list[frozenset[str]] = []
+        order: list[frozenset[str]] = []  # first occurrence of each distinct set, for the history
+        for s in fsets:
+            if s in resolved or s in todo:
+                continue
+            order.append(s)
+            known = self.verdicts.get(s)
+            if known is not None:
+                resolved[s] = known
+                continue
+            verdict = self.journal.lookup(Plan(s, self.candidates)) if self.journal is not None else None
+            if verdict is not None:
+                verdict.source = "journal"
+                self.cached += 1
+                self._remember(s, verdict)
+                resolved[s] = verdict
+                continue
+            todo.append(s)
+        fresh: dict[frozenset[str], Verdict] = {}
+        stop: BudgetExhausted | None = None
+        if todo:
+            if count:
+                try:
+                    self.budget.check(self.new)
+                except BudgetExhausted as exc:
+                    stop = exc
+                    todo = []
+                if self.budget.max_evals is not None:
+                    left = self.budget.max_evals - self.new
+                    if left < len(todo):
+                        stop = BudgetExhausted(f"--max-evals {self.budget.max_evals} reached")
+                        todo = todo[:max(0, left)]
+            started, base = [0], self.new
+
+            def may_start() -> bool:
+                nonlocal stop
+                if not count or started[0] == 0:  # the first plan was checked above
+                    started[0] += 1
+                    return True
+                try:
+                    self.budget.check(base + started[0])  # dispatched, finished or not
+                except BudgetExhausted as exc:
+                    stop = stop or exc
+                    return False
+                started[0] += 1
+                return True
+
+            if todo:
+                self.rounds += math.ceil(len(todo) / max(1, self.workers))
+                try:
+                    for i, payload in self.executor.run(todo, may_start):
+                        verdict = Verdict.from_json(payload)
+                        verdict.fp32 = todo[i]
+                        if self.journal is not None:
+                            self.journal.record(Plan(todo[i], self.candidates), verdict)
+                        self.new += 1
+                        self.verdicts[todo[i]] = verdict
+                        fresh[todo[i]] = verdict
+                        if self.on_verdict is not None:
+                            self.on_verdict(verdict)
+                finally:
+                    self.history.extend(fresh[s] for s in order if s in fresh)  # in the order asked
+                missing = [s for s in todo if s not in fresh]
+                if missing and stop is None:
+                    stop = BudgetExhausted("the budget ran out during a batch")
+            resolved.update(fresh)
+        if stop is not None:
+            raise stop
+        return [resolved[s] for s in fsets]
+
+    def _remember(self, s: frozenset[str], verdict: Verdict) -> None:
+        self.verdicts[s] = verdict
+        self.history.append(verdict)
+        if self.on_verdict is not None:
+            self.on_verdict(verdict)
