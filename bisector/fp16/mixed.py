@@ -19,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from bisector.model.catalog import Catalog
 from bisector.fp16.rules import convert_weight, round_activation
-from bisector.model.optable import _schema
+from bisector.model.optable import op_schema
 from bisector.fp16.plan import Plan
 
 FLOAT, FLOAT16 = TensorProto.FLOAT, TensorProto.FLOAT16
@@ -134,7 +134,7 @@ def _fp16_slots(catalog: Catalog, node: onnx.NodeProto) -> tuple[list[bool], lis
     Data inputs whose type parameter admits float16 become FP16; a parameter input becomes FP16 only when ONNX
     ties its type to a converted data input (Clip bounds share T with the data); Resize scales stay FP32.
     """
-    schema = _schema(node.op_type, node.domain, catalog.opset if node.domain in ("", "ai.onnx") else None)
+    schema = op_schema(node.op_type, node.domain, catalog.opset if node.domain in ("", "ai.onnx") else None)
     n_in, n_out = len(node.input), len(node.output)
     if schema is None:
         return [not catalog.is_parameter(node.name, i) for i in range(n_in)], [True] * n_out
@@ -198,9 +198,18 @@ def _reads_fp16(catalog: Catalog, reader: onnx.NodeProto, t: str) -> bool:
 
 
 def _constant_array(node: onnx.NodeProto):
-    from bisector.backends.emulate.executor import _constant_value
+    """The value of a Constant node (read here: the emulate backend's reader sits above this layer)."""
+    import numpy as np
 
-    return _constant_value(node)
+    for attr in node.attribute:
+        value = helper.get_attribute_value(attr)
+        if isinstance(value, onnx.TensorProto):
+            return numpy_helper.to_array(value)
+        if attr.name in ("value_float", "value_floats"):
+            return np.asarray(value, dtype=np.float32)
+        if attr.name in ("value_int", "value_ints"):
+            return np.asarray(value, dtype=np.int64)
+    raise ValueError(f"Constant node {node.name!r}: no numeric value attribute")
 
 
 def _drop_unused(model: onnx.ModelProto) -> None:

@@ -108,3 +108,6 @@ def model_opset(model: onnx.ModelProto, domain: str = "") -> int | None:
         if imp.domain in (domain, "ai.onnx" if domain == "" else domain):
             return int(imp.version)
     return None
+
+
+op_schema = _schema  # the public name (fp16.mixed reads parameter types from it)
