@@ -35,6 +35,9 @@ def build_mixed_model(catalog: Catalog, plan: Plan | frozenset[str]) -> onnx.Mod
     fp16_nodes = points.fp16
     src = catalog.model
     model = copy_without_initializers(src)  # weights are added at the end: only those still read
+    # IR < 4 (opset <= 8 era) requires every initializer to be a graph input; the FP16 weight copies are not, and
+    # IR 4 lifts that rule without changing anything else the model means.
+    model.ir_version = max(model.ir_version, 4)
     graph = model.graph
     del graph.node[:]
     del graph.value_info[:]  # stale after retyping; consumers re-infer
@@ -167,6 +170,12 @@ def _add_used_initializers(model: onnx.ModelProto, initializers: list[onnx.Tenso
     graph = model.graph
     used = graph_reads(graph)  # subgraphs included: a branch may read an outer initializer
     graph.initializer.extend(i for i in initializers if i.name in used)
+    # IR 3 models list every initializer as a graph input too: a weight not read any more must not stay behind as
+    # a required input without its value
+    dropped = {i.name for i in initializers} - used
+    inputs = [i for i in graph.input if i.name not in dropped]
+    del graph.input[:]
+    graph.input.extend(inputs)
     nodes = [n for n in graph.node if not (n.op_type == "Constant" and n.output[0] not in used)]
     del graph.node[:]
     graph.node.extend(nodes)

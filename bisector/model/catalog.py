@@ -59,6 +59,10 @@ class Catalog:
     def load(cls, path: str | os.PathLike) -> "Catalog":
         path = Path(path)
         model, external = _load_model(path)
+        _check_reserved_names(model.graph, path)  # a user's model (mixed models built in memory are exempt)
+        from bisector.files import protect
+
+        protect(path, "the input model")  # no output of this process may overwrite it (-o, --json, ...)
         catalog = cls.from_model(model, path=path, sha256=_digest(path, model))
         catalog.external_data = external
         return catalog
@@ -168,6 +172,30 @@ class Catalog:
 
 
 # ---- helpers -----------------------------------------------------------------------------------------------
+# Names the FP16 writers derive from a tensor `t` (the mixed model, the emulation, ort-cuda): `t__fp16`,
+# `t__fp16_param`, `t__rounded`, `t__raw`, `t__fp32_compute`, `t__cast_to_fp32`, ... A model that already has such
+# a tensor beside `t` would get two producers of one name in the mixed model.
+RESERVED_SUFFIXES = ("__fp16", "__fp32", "__rounded", "__raw", "__cast", "__store")
+
+
+def _check_reserved_names(graph: onnx.GraphProto, path: Path | None) -> None:
+    """UsageError naming the tensor when a model tensor collides with a name the FP16 writers derive."""
+    tensors = {t for n in graph.node for t in list(n.input) + list(n.output) if t}
+    tensors |= {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    for derived in sorted(t for t in tensors if "__" in t):
+        i = derived.find("__")
+        while i > 0:
+            base, suffix = derived[:i], derived[i:]
+            if base in tensors and suffix.startswith(RESERVED_SUFFIXES):
+                raise UsageError(
+                    f"{path or 'model'}: tensor {derived!r} collides with the names bisector derives from tensor "
+                    f"{base!r} (suffixes {', '.join(RESERVED_SUFFIXES)} are reserved); rename it in the model (is "
+                    "this a model.mixed.onnx? search the original model instead)")
+            i = derived.find("__", i + 1)
+
+
+
+
 def _default_domain_opset(node: onnx.NodeProto, opset: int | None) -> int | None:
     """The model's default-domain opset for a node of the default domain; None (latest schema) for others."""
     return opset if node.domain in ("", "ai.onnx") else None

@@ -78,3 +78,4 @@ def model_opset(model: onnx.ModelProto, domain: str = "") -> int | None:
         if imp.domain in (domain, "ai.onnx" if domain == "" else domain):
             return int(imp.version)
     return None
+
