@@ -38,6 +38,9 @@ bench: $(STAMP)
 	$(PY) bench/fixture_searches.py
 	$(PY) bench/emulate_speed.py
 	$(PY) bench/profile_cost.py
+	$(PY) bench/scale.py
+	$(PY) bench/parallel.py --quick --wall
+	$(PY) bench/debug_overhead.py
 
 fixtures: $(STAMP)
 	$(PY) fixtures/generate.py

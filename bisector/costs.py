@@ -24,10 +24,11 @@ Node names follow the catalog's rule: the node's name, or ``node_of_<first outpu
 from __future__ import annotations
 
 import math
-from typing import Iterable
 
 import onnx
 from onnx import shape_inference
+
+from bisector.model.graph import unique_node_names
 
 __all__ = ["node_costs", "UNKNOWN_ELEMENTS"]
 
@@ -64,24 +65,6 @@ def _elements(shape: list[int | None] | None) -> float:
     if shape is None:
         return UNKNOWN_ELEMENTS
     return float(math.prod(d if d is not None else 1 for d in shape)) if shape else 1.0
-
-
-def _node_names(nodes: Iterable[onnx.NodeProto]) -> list[str]:
-    nodes = list(nodes)
-    taken = {n.name for n in nodes if n.name}
-    seen: set[str] = set()
-    names = []
-    for i, node in enumerate(nodes):
-        name = node.name
-        if not name or name in seen:
-            base = name or (f"node_of_{node.output[0]}" if node.output and node.output[0] else f"{node.op_type}_{i}")
-            name, k = base, 1
-            while name in seen or (name != node.name and name in taken):
-                name = f"{base}_{k}"
-                k += 1
-        seen.add(name)
-        names.append(name)
-    return names
 
 
 def _attr(node: onnx.NodeProto, name: str, default):
@@ -133,4 +116,4 @@ def node_costs(model: onnx.ModelProto) -> dict[str, float]:
     """Estimated FP32 cost of every top-level node of ``model``, by node name (see the module docstring)."""
     shapes = _shapes(model)
     nodes = list(model.graph.node)
-    return {name: _cost(node, shapes) for name, node in zip(_node_names(nodes), nodes)}
+    return {name: _cost(node, shapes) for name, node in zip(unique_node_names(nodes), nodes)}

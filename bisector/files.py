@@ -1,14 +1,30 @@
-"""Write-then-rename, so an interrupted or failed write (disk full) never leaves a half-written artifact."""
+"""Writing files we can trust (DESIGN §8/§9): every artifact is written into a temporary file in its own directory,
+fsynced and renamed over the target — all or nothing, even on a full disk or a kill.
+
+- The rename replaces whatever sits at the target *itself*: a symlink planted at an artifact path is replaced by
+  the new file, never followed (the temporary file is created with O_EXCL, so it cannot be a planted link either).
+- New files get the ordinary mode (0666 minus the umask), not mkstemp's 0600.
+- Temporary names are `.{name}.bisector-{pid}.{random}.tmp`; `clean_stale_temporaries` removes only such names
+  whose process is gone (a killed run's leftovers), never anything else.
+- A write that resolves onto an input of this process (the model, loaded inputs, golden outputs: `protect`) is
+  refused with a UsageError (exit 2) instead of destroying the input.
+"""
 
 from __future__ import annotations
 
 import errno
 import os
+import re
 import tempfile
+import threading
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO, Callable, Iterable
 
 from bisector.errors import UsageError
+
+_TEMP = re.compile(r"^\..+\.bisector-(\d+)\.[A-Za-z0-9_]+\.tmp$")
+_protected: dict[tuple[int, int], str] = {}  # (st_dev, st_ino) of inputs -> how to name them
+_umask_lock = threading.Lock()
 
 
 def ensure_dir(path: Path) -> Path:
@@ -17,33 +33,132 @@ def ensure_dir(path: Path) -> Path:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UsageError(f"cannot create output directory {path}: {exc.strerror or exc}") from None
+    if not path.is_dir():
+        raise UsageError(f"output directory {path} is not a directory")
     if not os.access(path, os.W_OK):
         raise UsageError(f"output directory {path} is not writable")
     return path
 
 
+def protect(path: Path | str | None, what: str = "an input") -> None:
+    """Remember `path` as an input of this run: no write of ours may land on it (same file, any spelling)."""
+    if path is None:
+        return
+    try:
+        st = os.stat(path)
+    except OSError:
+        return
+    _protected[(st.st_dev, st.st_ino)] = f"{what} {path}"
+
+
+def check_not_input(path: Path | str, flag: str | None = None) -> None:
+    """UsageError when writing `path` would overwrite a protected input (also through a symlink or hard link)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return
+    hit = _protected.get((st.st_dev, st.st_ino))
+    if hit is not None:
+        raise UsageError(f"{flag + ' ' if flag else ''}{path}: refusing to write there, it is {hit}")
+
+
+def _mode() -> int:
+    with _umask_lock:
+        mask = os.umask(0)
+        os.umask(mask)
+    return 0o666 & ~mask
+
+
+def temp_prefix(path: Path) -> str:
+    return f".{path.name}.bisector-{os.getpid()}."
+
+
 def write_file_atomic(path: Path, fill: Callable[[BinaryIO], None]) -> None:
     """Write `path` through `fill(file)` into a temporary file next to it, then rename: all or nothing."""
     path = Path(path)
+    check_not_input(path)
     ensure_dir(path.parent if str(path.parent) else Path("."))
+    clean_stale_temporaries(path.parent if str(path.parent) else Path("."), [path.name])  # a killed run's, of this file
     fd, tmp = None, None
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), suffix=".tmp", dir=path.parent)
+        os.fchmod(fd, _mode())
         with os.fdopen(fd, "wb") as f:
             fd = None
             fill(_Sink(f, path))
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, path)  # replaces a symlink at `path` itself, never its target
         tmp = None
+        _fsync_dir(path.parent)
     except OSError as exc:
         reason = "the disk is full" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
         raise UsageError(f"cannot write {path}: {reason}; nothing was left half-written") from None
     finally:
         if fd is not None:
             os.close(fd)
-        if tmp is not None and os.path.exists(tmp):
+        if tmp is not None and os.path.lexists(tmp):
             os.unlink(tmp)
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        dfd = os.open(directory if str(directory) else ".", os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(dfd)
+    except OSError:
+        pass
+    finally:
+        os.close(dfd)
+
+
+def clean_stale_temporaries(directory: Path, names: Iterable[str] | None = None) -> list[Path]:
+    """Remove our own temporary files (`.{name}.bisector-{pid}.*.tmp`) left in `directory` by killed runs: only
+    that pattern, only when process `pid` no longer exists, only for `names` when given. Returns what went."""
+    wanted = set(names) if names is not None else None
+    removed = []
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return removed
+    for e in entries:
+        m = _TEMP.match(e.name)
+        if not m or not e.is_file(follow_symlinks=False):
+            continue
+        if wanted is not None and not any(e.name.startswith(f".{n}.bisector-") for n in wanted):
+            continue
+        if _alive(int(m.group(1))):
+            continue
+        try:
+            os.unlink(e.path)
+            removed.append(Path(e.path))
+        except OSError:
+            pass
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid() or pid <= 0:
+        return True  # our own (another thread may be writing it), or not a process id: leave it
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True  # exists, someone else's (or unknowable): leave it
+    return True
+
+
+def remove_file(path: Path) -> None:
+    """Remove `path` (a link itself, never its target); absent is fine."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise UsageError(f"cannot replace {path}: {exc.strerror or exc}") from None
 
 
 class _Sink:
@@ -81,4 +196,4 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    write_bytes_atomic(path, text.encode())
+    write_bytes_atomic(path, text.encode("utf-8", errors="surrogateescape"))

@@ -37,13 +37,13 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
 
-from bisector.model.catalog import Catalog
+from bisector.backends.emulate.executor import Overlay
 from bisector.compare import EPSILON, Tolerance, compare_output
 from bisector.errors import UsageError
-from bisector.backends.emulate.executor import Overlay
-from bisector.fp16.rules import round_weight
+from bisector.fp16.points import Read, RoundingPoints, rounding_points
+from bisector.model.catalog import Catalog
+from bisector.model.graph import has_subgraph, nonempty
 
 SCHEMA_VERSION = 1
 SATURATED = 1e9  # scores at or above this: an inf/NaN appeared where FP32 is finite
@@ -169,6 +169,7 @@ def compute_scores(
     if not feeds_list:
         raise UsageError("profile needs at least one input set")
     consumers = _consumers(catalog)
+    alone = {name: rounding_points(catalog, (name,)) for name in catalog.candidates}  # each candidate alone FP16
     records: dict[str, dict] = {}
     for index, name in enumerate(catalog.candidates):
         node = catalog.nodes[name]
@@ -178,18 +179,15 @@ def compute_scores(
         ref = backend.reference(feeds)
         read_counts: dict[str, dict[str, int]] = {}
         for name in catalog.candidates:
-            node = catalog.nodes[name]
-            explicit = [i for i, t in enumerate(node.input) if t]
-            for pos, t in enumerate(catalog.node_inputs(name)):
-                v = ref[t]
-                idx = explicit[pos] if pos < len(explicit) else None
-                if v.dtype != np.float32 or (idx is not None and catalog.is_parameter(name, idx)):
+            for t, idx in catalog.reads(name):
+                read = alone[name].read(name, idx, t, is_float=ref[t].dtype == np.float32)
+                if read is Read.EXACT:
                     continue  # not data: never rounded
                 counts = read_counts.get(t)  # the same rounding for every reader (weights: the same clamp)
                 if counts is None:
-                    counts = read_counts[t] = rounding_counts(v, is_weight=t in catalog.weights)
+                    counts = read_counts[t] = rounding_counts(ref[t], is_weight=read is Read.WEIGHT)
                 _add_counts(records[name], t, "input", counts)
-        local = _local_outputs(catalog, backend, ref)
+        local = _local_outputs(catalog, backend, ref, alone)
         changed_by: dict[str, dict[str, np.ndarray]] = {}
         for name, outs in local.items():
             rec = records[name]
@@ -219,60 +217,30 @@ def compute_scores(
     return out
 
 
-def _local_outputs(catalog: Catalog, backend: Any, ref: Mapping[str, np.ndarray]) -> dict[str, dict[str, np.ndarray]]:
+def _local_outputs(catalog: Catalog, backend: Any, ref: Mapping[str, np.ndarray],
+                   alone: Mapping[str, RoundingPoints]) -> dict[str, dict[str, np.ndarray]]:
     """Every candidate alone in FP16 on golden inputs, all in ONE session run: a copy of each candidate reading
-    rounded copies of its float data inputs (converted weights), its outputs stored rounded. One session build
-    and one run instead of one per node (per-node session builds dominated the profile's cost)."""
-    single = [n for n in catalog.candidates if _has_subgraph(catalog.nodes[n])]
-    batched = [n for n in catalog.candidates if n not in single]
+    and storing as its one-node plan's rounding points say (the executor's Cast pairs and converted weights).
+    One session build and one run instead of one per node (per-node session builds dominated the profile's cost)."""
+    single = [n for n in catalog.candidates if has_subgraph(catalog.nodes[n])]
+    batched = [catalog.nodes[n] for n in catalog.candidates if n not in single]
     result = {n: backend.run_node(frozenset((n,)), n, ref) for n in single}
     if not batched:
         return result
-    nodes, weights, inputs, outputs = [], {}, {}, []
-    rounded: dict[str, str] = {}
-    for name in batched:
-        node = catalog.nodes[name]
-        copy = onnx.NodeProto()
-        copy.CopyFrom(node)
-        for i, t in enumerate(node.input):
-            if not t:
-                continue
-            v = ref[t]
-            data = v.dtype == np.float32 and not catalog.is_parameter(name, i)
-            if t in catalog.weights:
-                if data:
-                    copy.input[i] = f"{t}__w16"
-                    weights[f"{t}__w16"] = round_weight(v)
-                else:
-                    weights[t] = v
-            else:
-                inputs[t] = v
-                if data:
-                    alias = rounded.get(t)
-                    if alias is None:
-                        alias = rounded[t] = f"{t}__r16"
-                        nodes.append(helper.make_node("Cast", [t], [f"{t}__h16"], to=TensorProto.FLOAT16))
-                        nodes.append(helper.make_node("Cast", [f"{t}__h16"], [alias], to=TensorProto.FLOAT))
-                    copy.input[i] = alias
-        casts = []
-        for j, o in enumerate(node.output):
-            if not o:
-                continue
-            final = f"{o}@{name}"
-            if ref[o].dtype == np.float32:
-                copy.output[j] = f"{final}__raw"
-                casts.append(helper.make_node("Cast", [f"{final}__raw"], [f"{final}__h16"], to=TensorProto.FLOAT16))
-                casts.append(helper.make_node("Cast", [f"{final}__h16"], [final], to=TensorProto.FLOAT))
-            else:
-                copy.output[j] = final
-            outputs.append((name, o, final))
-        copy.name = f"{name}@local"
-        nodes.append(copy)
-        nodes.extend(casts)
-    values = backend.executor.run_graph(("profile-local",), nodes, inputs, weights, [f for _, _, f in outputs])
+    executor = backend.executor
+    specs = [executor.spec(node, alone[node.name], ref) for node in batched]
+    nodes, weights = executor.compose(batched, specs, out_name=_local_name)
+    inputs = {t: ref[t] for node in batched for t in catalog.node_inputs(node.name) if t not in weights
+              and t not in catalog.weights}
+    outputs = [(node.name, o, _local_name(node, o)) for node in batched for o in nonempty(node.output)]
+    values = executor.run_graph(("profile-local",), nodes, inputs, weights, [f for _, _, f in outputs])
     for (name, o, _), v in zip(outputs, values):
         result.setdefault(name, {})[o] = v
     return result
+
+
+def _local_name(node: onnx.NodeProto, output: str) -> str:
+    return f"{output}@{node.name}"
 
 
 def _downstream_outputs(catalog: Catalog, backend: Any, ref: Mapping[str, np.ndarray],
@@ -284,7 +252,7 @@ def _downstream_outputs(catalog: Catalog, backend: Any, ref: Mapping[str, np.nda
     for name, outs in changed_by.items():
         for consumer in dict.fromkeys(c for o in outs for c in consumers.get(o, ())):
             node = catalog.nodes[consumer]
-            if _has_subgraph(node):  # outer-scope reads: run it on its own
+            if has_subgraph(node):  # outer-scope reads: run it on its own
                 view = Overlay(dict(outs), ref)
                 result[(name, consumer)] = backend.run_node(frozenset(), consumer, view)
                 continue
@@ -314,10 +282,6 @@ def _downstream_outputs(catalog: Catalog, backend: Any, ref: Mapping[str, np.nda
     return result
 
 
-def _has_subgraph(node: onnx.NodeProto) -> bool:
-    return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
-
-
 def _add_counts(rec: dict, tensor: str, role: str, counts: dict[str, int]) -> None:
     prev = rec["tensors"].get(tensor)
     if prev is None:
@@ -330,17 +294,11 @@ def _add_counts(rec: dict, tensor: str, role: str, counts: dict[str, int]) -> No
 def _consumers(catalog: Catalog) -> dict[str, list[str]]:
     """tensor -> nodes that read its values (explicit data inputs or outer-scope reads), in topological order."""
     out: dict[str, list[str]] = {}
-    for node in catalog.model.graph.node:
-        if node.op_type in _VALUE_BLIND or node.op_type == "Constant":
-            continue
-        explicit = [i for i, t in enumerate(node.input) if t]
-        for pos, t in enumerate(catalog.node_inputs(node.name)):
-            idx = explicit[pos] if pos < len(explicit) else None
-            if idx is not None and catalog.is_parameter(node.name, idx):
-                continue
-            lst = out.setdefault(t, [])
-            if node.name not in lst:
-                lst.append(node.name)
+    for t, uses in catalog.consumers.items():
+        names = [r.name for r, i in uses
+                 if r.op_type not in _VALUE_BLIND and not (i is not None and catalog.is_parameter(r.name, i))]
+        if names:
+            out[t] = list(dict.fromkeys(names))
     return out
 
 

@@ -188,3 +188,64 @@ def greedy_reduce(ask: Asker, s: frozenset[str], order: Sequence[str]) -> frozen
     for n in ask.candidates:
         rank.setdefault(n, len(rank))
     return one_minimal(ask, s, sorted(rank, key=rank.__getitem__))
+
+
+def group_reduce(ask: Asker, s: frozenset[str], order: Sequence[str], first: int | None = None) -> frozenset[str]:
+    """From a passing ``s``: remove the nodes of ``order`` (most removable first) in adaptive chunks.
+
+    A chunk that can go FP16 together (``s`` minus the chunk passes) is removed and the next chunk is twice as
+    large; a chunk that fails is halved and retried from its start; a single node that fails stays. In a run of
+    removable nodes this costs about log2 of the run, in a run of nodes that must stay one evaluation each —
+    against one per node for ``greedy_reduce``. The result passes; it is not yet checked for 1-minimality.
+    """
+    ask.phase = "shrink"
+    queue = [n for n in order if n in s]
+    g = max(1, first if first is not None else len(queue) // 8)
+    while queue:
+        g = min(g, len(queue))
+        chunk = queue[:g]
+        if ask(s - frozenset(chunk)):
+            s = s - frozenset(chunk)
+            queue = queue[g:]
+            g *= 2
+        elif g == 1:
+            queue = queue[1:]
+        else:
+            g //= 2
+    return s
+
+
+def one_minimal_cyclic(ask: Asker, s: frozenset[str], order: Sequence[str] | None = None) -> frozenset[str]:
+    """Make a passing set 1-minimal by cycling through its members: a removal that passes is kept at once.
+
+    Stops when every member's removal has failed against the current set since the last change — that is the
+    literal 1-minimality check (``passes(s)`` is known True and every ``passes(s - {n})`` was asked), paid once.
+    ``one_minimal`` checks the whole set after each change instead: on an oracle where removals keep passing
+    after others (non-monotone near the tolerance) that costs |s| per round, this about 1/p per accepted removal
+    (p: the share of members whose removal passes) plus |s| once. With ``batch`` + ``workers`` the next P
+    members' removals go out together (the first that passes is kept; later answers of that round are stale).
+    """
+    ask.phase = "verify"
+    rank = {n: i for i, n in enumerate(order)} if order is not None else ask.index
+    members = sorted(s, key=lambda n: rank.get(n, len(rank) + ask.index[n]))
+    if not ask(s):
+        return s  # callers pass a passing set; a failing one is the caller's to repair
+    width = ask.parallel
+    i = 0  # position in ``members`` of the next removal to try
+    clean = 0  # consecutive failed removals against the current ``s``
+    while members and clean < len(members):
+        k = min(width, len(members) - clean)
+        chunk = [members[(i + j) % len(members)] for j in range(k)]
+        answers = ask.many([s - {n} for n in chunk]) if k > 1 else [ask(s - {chunk[0]})]
+        first = next((j for j, ok in enumerate(answers) if ok), None)
+        if first is None:
+            clean += k
+            i = (i + k) % len(members)
+            continue
+        gone = chunk[first]
+        pos = members.index(gone)
+        members.pop(pos)
+        s = s - {gone}
+        clean = 0
+        i = pos % len(members) if members else 0
+    return s

@@ -218,3 +218,221 @@ def test_missing_tensorrt_is_exit_2_naming_the_package(tmp_path, backend, fragme
     r = run_cli("precision", SEED, *BASE, "--backend", backend, "-o", out, "--cache-dir", tmp_path)
     _assert_usage_error(r, fragment)
     assert not (out / "constraints.json").exists()
+
+
+# ---- issue 12 "Trust at the seams": every bad input that ended in exit 3 "internal error" -------------------------
+# Each case builds its adversarial input in tmp_path and names what the one-line message must mention. The command
+# runs in-process through `main()` (the one exception boundary), so the exit code is the user's exit code.
+
+
+def _model(path, nodes, inputs, outputs, inits=(), opset=17, ir=8):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=ir), path)
+    return path
+
+
+def _chain(path, names=("n0", "n1", "n2", "n3"), tensors=None, opset=17, ir=8, shape=(2, 4), weights_as_inputs=False):
+    """MatMul -> Add -> Relu -> Sub over a 4x4 weight: every node a candidate, names and tensor names chosen."""
+    from onnx import numpy_helper
+
+    tensors = list(tensors or [f"t{i}" for i in range(len(names) - 1)]) + ["y"]
+    ops = ["MatMul", "Add", "Relu", "Sub"]
+    w = numpy_helper.from_array(np.linspace(0.1, 1.7, 16, dtype=np.float32).reshape(4, 4), "W")
+    b = numpy_helper.from_array(np.linspace(0.3, 0.9, 4, dtype=np.float32), "b")
+    nodes, prev = [], "x"
+    for i, name in enumerate(names):
+        op = ops[i % 4]
+        ins = [prev, "W"] if op == "MatMul" else [prev, "b"] if op in ("Add", "Sub") else [prev]
+        nodes.append(helper.make_node(op, ins, [tensors[i]], name=name))
+        prev = tensors[i]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))]
+    if weights_as_inputs:  # IR 3 style: every initializer is also a graph input
+        inputs += [helper.make_tensor_value_info("W", TensorProto.FLOAT, [4, 4]),
+                   helper.make_tensor_value_info("b", TensorProto.FLOAT, [4])]
+    return _model(path, nodes, inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))], [w, b],
+                  opset, ir)
+
+
+def _int_model(tmp_path):
+    return _model(tmp_path / "int.onnx", [helper.make_node("Add", ["x", "x"], ["y"], name="add")],
+                  [helper.make_tensor_value_info("x", TensorProto.INT64, [4])],
+                  [helper.make_tensor_value_info("y", TensorProto.INT64, [4])])
+
+
+def _dynamic_model(tmp_path):
+    return _model(tmp_path / "dyn.onnx", [helper.make_node("Relu", ["x"], ["y"], name="relu")],
+                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["a", "b", "c"])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["a", "b", "c"])])
+
+
+def _corrupt_journal(tmp_path):
+    cache = tmp_path / "cj"
+    assert main_cli("precision", SEED, *BASE, "--val-range", "x:[1,2]", "-o", tmp_path / "first",
+                    "--cache-dir", cache) == 0
+    import sqlite3
+
+    db = sqlite3.connect(str(cache / "journal.sqlite"))
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.close()
+    with open(cache / "journal.sqlite", "r+b") as f:  # a damaged b-tree page (page 2 onwards)
+        f.seek(4096)
+        f.write(b"\xde\xad" * 2048)
+    return ["precision", SEED, *BASE, "--val-range", "x:[1,2]", "-o", tmp_path / "o", "--cache-dir", cache]
+
+
+def _golden_of(tmp_path, arrays):
+    from bisector.model.polyjson import run_results_to_json
+
+    f = tmp_path / "golden.json"
+    f.write_text(run_results_to_json("onnxrt-runner-N0-elsewhere", [arrays], [0.0]))
+    return f
+
+
+def _constraints_with(tmp_path, **changes):
+    base = tmp_path / "base"
+    assert main_cli("precision", SEED, *BASE, "--val-range", "x:[1,2]", "-o", base, "--cache-dir", tmp_path / "c") == 0
+    doc = json.loads((base / "constraints.json").read_text())
+    doc.update(changes)
+    f = tmp_path / "c.json"
+    f.write_text(json.dumps(doc))
+    return f
+
+
+BAD_INPUTS = {
+    # id: (builder(tmp_path) -> argv, fragments the message must contain)
+    "load-inputs-directory": (lambda t: ["precision", SEED, *BASE, "--load-inputs", t, "--cache-dir", t / "c"],
+                              ["Is a directory"]),
+    "cache-dir-dev-null": (lambda t: ["precision", SEED, *BASE, "--cache-dir", "/dev/null", "-o", t / "o"],
+                           ["--cache-dir /dev/null"]),
+    "negative-seed": (lambda t: ["precision", SEED, *BASE, "--seed", "-3", "--cache-dir", t / "c"], ["--seed"]),
+    "profile-no-float-candidate": (lambda t: ["profile", _int_model(t), "--cache-dir", t / "c", "-o", t / "o"],
+                                   ["no candidate"]),
+    "huge-input-shapes": (lambda t: ["precision", _dynamic_model(t), *BASE, "--input-shapes",
+                                     "x:[100000,100000,100000]", "--cache-dir", t / "c"], ["--input-shapes", "memory"]),
+    "huge-iterations": (lambda t: ["precision", SEED, *BASE, "--iterations", str(10**9), "--cache-dir", t / "c"],
+                        ["--iterations"]),
+    "corrupt-journal-page": (_corrupt_journal, ["journal.sqlite", "damaged", "--no-resume"]),
+    "fp16-name-collision": (lambda t: ["precision", _chain(t / "c.onnx", tensors=["t0", "t0__fp16", "t2"]), *BASE,
+                                       "--cache-dir", t / "c"], ["t0__fp16"]),
+    "golden-of-another-shape": (lambda t: ["precision", SEED, *BASE, "--load-outputs",
+                                           _golden_of(t, {"y": np.ones((3, 3), np.float32)}), "--cache-dir", t / "c"],
+                                ["--load-outputs", "shape"]),
+    "golden-of-another-dtype": (lambda t: ["precision", SEED, *BASE, "--load-outputs",
+                                           _golden_of(t, {"y": np.ones((1, 1, 256, 256), np.int64)}),
+                                           "--cache-dir", t / "c"], ["--load-outputs", "dtype"]),
+    "save-inputs-onto-model": (lambda t: ["precision", _chain(t / "m.onnx"), *BASE, "--save-inputs", t / "m.onnx",
+                                          "--cache-dir", t / "c"], ["m.onnx", "input model"]),
+    "json-onto-model": (lambda t: ["precision", _chain(t / "m.onnx"), *BASE, "--json", t / "m.onnx",
+                                   "-o", t / "o", "--cache-dir", t / "c"], ["m.onnx", "input model"]),
+    "junit-onto-model-via-symlink": (lambda t: (_chain(t / "m.onnx"), os.symlink(t / "m.onnx", t / "link.xml"),
+                                                ["precision", t / "m.onnx", *BASE, "--junit", t / "link.xml", "-o",
+                                                 t / "o", "--cache-dir", t / "c"])[-1], ["input model"]),
+    "convert-onto-model": (lambda t: ["convert", _chain(t / "m.onnx"), "--fp16", "-o", t / "m.onnx"],
+                           ["m.onnx", "input model"]),
+    "constraints-newer-schema": (lambda t: ["verify", SEED, *BASE, "--val-range", "x:[1,2]", "--constraints",
+                                            _constraints_with(t, schema_version=99), "--cache-dir", t / "c"],
+                                 ["schema_version 99", "newer"]),
+    "constraints-unknown-schema": (lambda t: ["verify", SEED, *BASE, "--constraints",
+                                              _constraints_with(t, schema_version="one"), "--cache-dir", t / "c"],
+                                   ["schema_version"]),
+    "constraints-wrong-field": (lambda t: ["verify", SEED, *BASE, "--constraints",
+                                           _constraints_with(t, fp32_nodes=5), "--cache-dir", t / "c"], ["fp32_nodes"]),
+    "model-name-too-long": (lambda t: ["precision", t / ("L" * 300 + ".onnx"), *BASE, "--cache-dir", t / "c"],
+                            ["File name too long"]),
+    "save-outputs-directory": (lambda t: ["run", SEED, *BASE, "--save-outputs", t, "--cache-dir", t / "c"],
+                               ["Is a directory"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_matrix_is_exit_2_with_one_line_naming_it(tmp_path, capsys, case):
+    build, fragments = BAD_INPUTS[case]
+    argv = build(tmp_path)
+    capsys.readouterr()
+    code = main_cli(*argv)
+    err = capsys.readouterr().err
+    assert code == 2, (code, err)
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("bisector: error: ") and "internal error" not in err and "Traceback" not in err, err
+    for f in fragments:
+        assert f in last, (f, last)
+
+
+def test_input_model_survives_every_output_flag_aimed_at_it(tmp_path):
+    model = _chain(tmp_path / "m.onnx")
+    before = model.read_bytes()
+    for flag in (["--save-inputs", model], ["--json", model], ["--junit", model], ["-o", tmp_path, "--plot"]):
+        main_cli("precision", model, *BASE, *flag, "--cache-dir", tmp_path / "c")
+        assert model.read_bytes() == before, flag
+
+
+@pytest.mark.parametrize("case", ["plot-no-float-candidate", "opset-7", "ten-thousand-character-names",
+                                  "non-utf8-file-name", "rich-markup-names"])
+def test_inputs_that_crashed_now_work(tmp_path, capsys, case):
+    """Not errors at all: these models are fine, and crashed in the artifact writers or printers."""
+    out = tmp_path / "o"
+    tight = ["--fp16", "--atol", "1e-7", "--rtol", "1e-7", "--cache-dir", tmp_path / "c", "--no-progress"]
+    if case == "plot-no-float-candidate":
+        argv = ["precision", _int_model(tmp_path), *tight, "-o", out, "--plot"]
+    elif case == "opset-7":  # IR 3: initializers must be graph inputs; the mixed model's FP16 copies were not
+        argv = ["precision", _chain(tmp_path / "m7.onnx", opset=7, ir=3, weights_as_inputs=True), "--fp16", "--atol", "1e-2",
+                "--cache-dir", tmp_path / "c", "-o", out]
+    elif case == "ten-thousand-character-names":
+        argv = ["precision", _chain(tmp_path / "long.onnx", names=[c * 10000 for c in "NMOP"],
+                                    tensors=[c * 10000 for c in "abc"]), *tight, "-o", out, "--junit", out / "j.xml"]
+    elif case == "non-utf8-file-name":
+        raw = os.fsdecode(bytes(tmp_path / "caf") + b"\xe9.onnx")
+        _chain(tmp_path / "plain.onnx")
+        os.rename(tmp_path / "plain.onnx", raw)
+        argv = ["precision", raw, *tight, "-o", out, "--json", tmp_path / "s.json", "--junit", tmp_path / "j.xml"]
+    else:
+        argv = ["inspect", _chain(tmp_path / "r.onnx", names=["a[/]", "[bold]b", "c[/red]", "[link=x]d"])]
+    if case == "non-utf8-file-name":  # a subprocess: pytest's own log capture cannot carry the surrogates
+        r = run_cli(*argv)
+        code, captured = r.returncode, type("Captured", (), {"out": r.stdout, "err": r.stderr})
+    else:
+        code = main_cli(*argv)
+        captured = capsys.readouterr()
+    assert code in (0, 1) and "internal error" not in captured.err, (code, captured.err[-2000:])
+    if case == "opset-7":
+        mixed = onnx.load(out / "model.mixed.onnx")
+        onnx.checker.check_model(mixed)
+        assert any(i.name.endswith("__fp16") for i in mixed.graph.initializer)  # an FP16 weight copy exists
+        import onnxruntime as ort
+
+        session = ort.InferenceSession(str(out / "model.mixed.onnx"), providers=["CPUExecutionProvider"])
+        assert [i.name for i in session.get_inputs()] == ["x"]  # no weight left behind as a required input
+    if case == "non-utf8-file-name":
+        c = json.loads((out / "constraints.json").read_text(encoding="utf-8"))
+        assert c["model"].endswith("caf\\xe9.onnx")
+        (out / "report.md").read_text(encoding="utf-8")  # valid UTF-8
+        json.loads((tmp_path / "s.json").read_text(encoding="utf-8"))
+    if case == "rich-markup-names":
+        for name in ("a[/]", "[bold]b", "c[/red]", "[link=x]d"):
+            assert name in captured.out
+
+
+def test_batch_keeps_going_after_an_environment_error_in_one_model(tmp_path):
+    """A directory given as --load-inputs to one model (an OSError deep in loading) was an internal error of the
+    whole batch; now that model is ERROR (input), exit 2, and the next model still runs."""
+    config = tmp_path / "nightly.toml"
+    config.write_text(f"""
+[defaults]
+args = ["--fp16", "--atol", "1e-1", "--cache-dir", "{tmp_path / 'c'}"]
+output_dir = "{tmp_path / 'out'}"
+
+[[model]]
+name = "bad-inputs"
+path = "{SEED}"
+args = ["--load-inputs", "{tmp_path}"]
+
+[[model]]
+name = "good"
+path = "{SEED}"
+args = ["--val-range", "x:[1,2]"]
+""")
+    js = tmp_path / "batch.json"
+    assert main_cli("batch", config, "--json", js) == 2
+    models = {m["name"]: m for m in json.loads(js.read_text())["models"]}
+    assert models["bad-inputs"]["exit_code"] == 2 and "Is a directory" in models["bad-inputs"]["error"]
+    assert models["good"]["exit_code"] == 0

@@ -93,7 +93,7 @@ def test_additive_result_is_one_minimal(n, sigma, keep, seed, jitter):
         return s == everything or f(s)
 
     oracle = CountingOracle(g)
-    result = Auto(diffuse_after=2).search(cands, oracle)
+    result = Auto(diffuse_after=2, min_candidates=0).search(cands, oracle)
     assert is_one_minimal(g, result)
     # the claim is literal: passes(R) and every passes(R - {n}) were asked
     assert result in oracle.cache and all(result - {x} in oracle.cache for x in result)
@@ -268,3 +268,54 @@ def test_node_costs_names_match_the_catalog_on_exported_models():
         others = [n for n in model.graph.node if n.op_type in ("Relu", "Add")]
         if convs and others:
             assert max(c[n.name] for n in convs if n.name) > min(c[n.name] for n in others if n.name)
+
+
+# ------------------------------------------------------------------ issue 15, second round
+@FAST
+@given(n=st.integers(1, 40), seed=st.integers(0, 1000), p=st.sampled_from([0.3, 0.6, 0.9]),
+       workers=st.sampled_from([1, 3]))
+def test_group_reduce_and_cyclic_one_minimal_on_arbitrary_functions(n, seed, p, workers):
+    from bisector.strategies._util import Asker, group_reduce, one_minimal_cyclic
+    from strategy_oracles import random_function
+
+    cands = names(n)
+    f = random_function(cands, seed, p)
+    r = Rounds(f, workers)
+    ask = Asker(cands, r, {"batch": r.batch, "workers": workers})
+    order = list(reversed(cands))
+    s = group_reduce(ask, frozenset(cands), order)
+    assert f(s)
+    result = one_minimal_cyclic(ask, s, order)
+    assert is_one_minimal(f, result)
+    assert result in r.oracle.cache and all(result - {x} in r.oracle.cache for x in result)
+    assert all(size <= workers for size in r.sizes)
+
+
+def test_cyclic_check_cheaper_than_full_rechecks_when_removals_keep_passing():
+    """Non-monotone near the threshold (jitter): the cyclic sweep pays the full check once."""
+    from bisector.strategies._util import Asker, one_minimal, one_minimal_cyclic
+
+    total_full = total_cyclic = 0
+    for seed in range(4):
+        cands, w, t = additive_case(120, 1.0, 0.3, seed)
+        f = additive(w, t, 0.1, seed)
+        start = frozenset(cands)
+        a, b = CountingOracle(f), CountingOracle(f)
+        r1 = one_minimal(Asker(cands, a, {}), start)
+        r2 = one_minimal_cyclic(Asker(cands, b, {}), start)
+        assert is_one_minimal(f, r1) and is_one_minimal(f, r2)
+        total_full += a.distinct
+        total_cyclic += b.distinct
+    assert total_cyclic < total_full
+
+
+def test_small_models_stay_gt_call_for_call():
+    """Below ``min_candidates`` (64) a diffuse case goes on with gt's search: the same calls."""
+    cands, w, t = additive_case(50, 1.0, 0.5, 1)
+    f = additive(w, t)
+    a, b = CountingOracle(f), CountingOracle(f)
+    assert Auto().search(cands, a) == GroupTesting().search(cands, b)
+    assert a.calls == b.calls
+    c = CountingOracle(f)
+    Auto(min_candidates=0).search(cands, c)
+    assert c.calls != a.calls  # the case is diffuse enough to switch when allowed

@@ -220,6 +220,10 @@ def _run_entry(e: ModelEntry, output_dir: Path, options: dict[str, Any]) -> Mode
     except BisectorError as exc:
         outcome.exit_code, outcome.error = exc.exit_code, str(exc)
         log.error("%s: %s", e.name, exc)
+    except (OSError, MemoryError) as exc:  # the environment, for this model: exit 2 for it, the batch goes on
+        reason = f"{exc.filename}: {exc.strerror}" if isinstance(exc, OSError) and exc.filename else str(exc)
+        outcome.exit_code, outcome.error = 2, reason or type(exc).__name__
+        log.error("%s: %s", e.name, outcome.error)
     outcome.seconds = time.perf_counter() - t0
     outcome.status = STATUS.get(outcome.exit_code, f"exit {outcome.exit_code}")
     return outcome

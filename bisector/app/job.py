@@ -88,6 +88,12 @@ def build_job(model: Path, inputs: Inputs, tolerances: Tolerances, backend: Back
     tolerance = tolerances.tolerance()
     make_backend = backend_factory(backend.backend, **backend.backend_options(inputs.input_shapes, **backend_extra))
     catalog = Catalog.load(model)
+    from bisector.files import protect
+
+    protect(model, "the input model")  # no output of ours (--save-inputs, --json, -o, ...) may overwrite an input
+    for p in inputs.load_inputs:
+        protect(p, "an input file (--load-inputs)")
+    protect(inputs.load_outputs, "the golden outputs file (--load-outputs)")
     for flag, per in (("--atol", tolerance.atol), ("--rtol", tolerance.rtol), ("--check-error-stat", tolerance.stat)):
         unknown = sorted(set(per.per_output) - set(catalog.names) - set(catalog.output_names) - _all_tensors(catalog))
         if unknown:
@@ -145,10 +151,15 @@ def golden_digest(golden: Golden) -> str:
     import hashlib
 
     h = hashlib.sha256()
-    for outs in golden.outputs:
+    import json
+
+    h.update(json.dumps(["golden", len(golden.outputs)]).encode() + b"\n")
+    for outs in golden.outputs:  # framed like feeds_digest: name, dtype, shape and byte count before the bytes
+        h.update(json.dumps(["set", len(outs)]).encode() + b"\n")
         for name in sorted(outs):
-            h.update(name.encode())
-            h.update(np.ascontiguousarray(outs[name]).tobytes())
+            a = np.ascontiguousarray(outs[name])
+            h.update(json.dumps([name, str(a.dtype), list(a.shape), a.nbytes], ensure_ascii=True).encode() + b"\n")
+            h.update(a.tobytes())
     return h.hexdigest()
 
 

@@ -124,16 +124,21 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
             oracle.executor = None
         confirmed_on = None
         if confirm is not None and result.passed:
-            result = _confirm(Path(model), groups, confirm, s, result)
+            result = _confirm(Path(model), groups, confirm, s, result, budget)
             confirmed_on = confirm.backend
         extra_report, t_plot = "", 0.0
         if plot and output_dir is not None:
             if job.backend.name != "emulate":
                 log.warning("--plot needs --backend emulate: profile.png not written")
+            elif not cat.candidates:
+                log.warning("no candidate nodes: profile.png not written")
             elif budget.spent():
                 log.warning("--time-limit spent: profile.png not written")
             else:
+                from bisector.artifacts.write import begin_artifacts
+
                 t1 = time.perf_counter()
+                begin_artifacts(Path(output_dir))  # the stale constraints.json goes before profile.* land
                 extra_report = _write_profile_artifacts(job, Path(output_dir), result.fp32, profile_nodes)
                 t_plot = time.perf_counter() - t1
         timings = {"setup": t_setup, "profile": t_profile, "search": result.seconds,
@@ -167,8 +172,10 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
             journal.close()
 
 
-def _confirm(model: Path, groups: dict, confirm: BackendChoice, s: Search, found: SearchResult) -> SearchResult:
-    """Judge the set found here on the hardware backend; where it fails there, extend (then shrink) it there."""
+def _confirm(model: Path, groups: dict, confirm: BackendChoice, s: Search, found: SearchResult,
+             budget: Budget) -> SearchResult:
+    """Judge the set found here on the hardware backend; where it fails there, extend (then shrink) it there.
+    --time-limit runs on the command's one clock (`budget.started`); --max-evals counts this search's own."""
     executor = start_executor(confirm.backend, s.workers, s.ray, preload=WORKER_PRELOAD)  # workers there, too
     try:
         there = build_job(model, groups[Inputs], groups[Tolerances], confirm, groups[Cache])
@@ -179,7 +186,8 @@ def _confirm(model: Path, groups: dict, confirm: BackendChoice, s: Search, found
     with there:
         journal = there.journal(resume=s.resume)
         try:
-            oracle = there.oracle(budget=Budget(max_evals=s.max_evals, time_limit=s.time_limit), journal=journal)
+            oracle = there.oracle(budget=Budget(max_evals=s.max_evals, time_limit=s.time_limit,
+                                                started=budget.started), journal=journal)
             if executor is not None:
                 open_job_spec(executor, model, {**groups, BackendChoice: confirm}, there)
                 oracle.executor = executor
@@ -336,6 +344,8 @@ def _profile(job: Job) -> list[dict]:
 
     if job.backend.name != "emulate":
         raise UsageError("--scores profile needs --backend emulate; run `bisector profile` and pass its profile.json")
+    if not job.catalog.candidates:
+        return []
     return compute_scores(job.catalog, job.backend, job.feeds_list, job.tolerance)
 
 
@@ -346,7 +356,9 @@ def _write_profile_artifacts(job: Job, output_dir: Path, fp32: frozenset[str], n
     nodes = nodes if nodes is not None else _profile(job)
     write_profile_files(job, output_dir, nodes, frozenset(fp32), {"model": str(job.catalog.path),
                                                                  "fp32_nodes": sorted(fp32)}, png=True)
-    top = ", ".join(f"`{n['name']}` ({n['score']:.3g})" for n in nodes[:5])
+    from bisector.text import markdown_code
+
+    top = ", ".join(f"{markdown_code(n['name'])} ({n['score']:.3g})" for n in nodes[:5])
     return ("## FP16 sensitivity\n\nPer-node score (local FP16 error in units of the tolerance; see `bisector profile`)"
             f", final FP32 nodes highlighted; below, each output's error histogram for the final plan. Top: {top}.\n\n"
             "![profile](profile.png)\n")

@@ -46,6 +46,8 @@ def profile(model: str | Path, fp32: Iterable[str] = (), *, constraints: str | P
     t0 = time.perf_counter()
     with build_job(Path(model), groups[Inputs], groups[Tolerances], _EMULATE, groups[Cache], threads=threads) as job:
         plan = job.plan(wanted)
+        if not job.catalog.candidates:
+            raise UsageError(f"{model}: no candidate node (no node computes in floating point): nothing to profile")
         t1 = time.perf_counter()
         for feeds in job.feeds_list:
             job.backend.reference(feeds)  # FP32 reference, node by node (builds the per-node sessions)

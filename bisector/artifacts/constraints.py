@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from bisector.errors import UsageError
 from bisector.files import write_text_atomic
@@ -58,14 +58,49 @@ class Constraints(BaseModel):
     worst_input_set: int = Field(0, description="index of the input set on which the final plan is furthest from "
                                  "tolerance (a plan passes only if it passes on every set)")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _utf8(cls, data: Any) -> Any:
+        """A non-UTF-8 file name (surrogate escapes) is recorded readably (`caf\\xe9.onnx`) instead of failing."""
+        from bisector.text import utf8_tree
+
+        return utf8_tree(data) if isinstance(data, dict) else data
+
     def write(self, path: Path) -> None:
         write_text_atomic(path, self.model_dump_json(indent=2) + "\n")
 
     @classmethod
     def read(cls, path: Path) -> "Constraints":
+        """Load and check a constraints.json: its schema_version first (a file of a newer bisector, or of an unknown
+        schema, is refused by name instead of being half understood), then every field."""
+        import json
+
         try:
-            return cls.model_validate_json(Path(path).read_text())
+            raw = Path(path).read_bytes()
         except FileNotFoundError:
             raise UsageError(f"constraints file not found: {path}") from None
-        except Exception as exc:
-            raise UsageError(f"{path} is not a bisector constraints.json ({str(exc).splitlines()[0]})") from None
+        except IsADirectoryError:
+            raise UsageError(f"{path} is a directory, not a constraints.json") from None
+        except OSError as exc:
+            raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+        try:
+            doc = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise UsageError(f"{path} is not a bisector constraints.json (not JSON: {exc})") from None
+        if not isinstance(doc, dict):
+            raise UsageError(f"{path} is not a bisector constraints.json (not a JSON object)")
+        version = doc.get("schema_version")
+        if type(version) is not int:
+            raise UsageError(f"{path}: schema_version is {version!r}; a bisector constraints.json has an integer "
+                             f"schema_version (this bisector reads {SCHEMA_VERSION})")
+        if version != SCHEMA_VERSION:
+            newer = " (written by a newer bisector: upgrade bisector to read it)" if version > SCHEMA_VERSION else ""
+            raise UsageError(f"{path}: schema_version {version} is not supported; this bisector reads "
+                             f"schema_version {SCHEMA_VERSION}{newer}")
+        try:
+            return cls.model_validate(doc)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(x) for x in first.get("loc", ())) or "?"
+            raise UsageError(f"{path} is not a valid bisector constraints.json: field {where!r}: {first.get('msg')}"
+                             + (f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else "")) from None

@@ -10,6 +10,7 @@ from typing import Mapping
 
 from bisector.compare import OutputComparison
 from bisector.files import write_bytes_atomic
+from bisector.text import xml_text
 
 
 @dataclass
@@ -42,10 +43,12 @@ class Suite:
         for c in self.cases:
             suite = suites.get(c.model)
             if suite is None:
-                suite = suites[c.model] = ET.SubElement(root, "testsuite", name=c.model)
-            tc = ET.SubElement(suite, "testcase", classname=c.model, name=c.name, time=f"{c.seconds:.3f}")
-            if not c.passed:
-                ET.SubElement(tc, "error" if c.error else "failure", message=c.message[:500]).text = c.message
+                suite = suites[c.model] = ET.SubElement(root, "testsuite", name=xml_text(c.model))
+            tc = ET.SubElement(suite, "testcase", classname=xml_text(c.model), name=xml_text(c.name),
+                               time=f"{c.seconds:.3f}")
+            if not c.passed:  # names come from the model: XML 1.0 cannot carry control characters at all
+                message = xml_text(c.message)
+                ET.SubElement(tc, "error" if c.error else "failure", message=message[:500]).text = message
         for model, suite in suites.items():
             cases = [c for c in self.cases if c.model == model]
             suite.set("tests", str(len(cases)))

@@ -63,7 +63,7 @@ def render_profile_png(
                         va="bottom", fontsize=7, color="crimson", fontweight="bold", rotation=90)
     ax.set_xlim(-0.7, n - 0.3 if n else 0.5)
     ax.set_xticks(x)
-    labels = [f"{r['name']} ({r.get('op', '?')})" for r in nodes]
+    labels = [_label(f"{r['name']} ({r.get('op', '?')})") for r in nodes]
     ax.set_xticklabels(labels, rotation=90, fontsize=6.5 if n > 60 else 8)
     for tick, r in zip(ax.get_xticklabels(), nodes):
         if r["name"] in fp32:
@@ -71,7 +71,7 @@ def render_profile_png(
             tick.set_fontweight("bold")
     ax.set_ylabel("FP16 sensitivity score (x tolerance, log)")
     ax.set_xlabel("candidate nodes in topological order")
-    ax.set_title(title or f"FP16 sensitivity per node ({n} candidates, {len(fp32 & {r['name'] for r in nodes})} FP32)",
+    ax.set_title(_label(title) if title else f"FP16 sensitivity per node ({n} candidates, {len(fp32 & {r['name'] for r in nodes})} FP32)",
                  pad=50 + 14 * ((len(ops) + (1 if fp32 else 0)) // 12))
     ax.grid(axis="y", which="major", alpha=0.3)
     handles = [Line2D([0], [0], marker="s", linestyle="", markersize=8, color=colour[op], label=op) for op in ops]
@@ -98,12 +98,24 @@ def render_profile_png(
         if tolerance and name in tolerance and tolerance[name] > 0:
             hx.axvline(tolerance[name], color="black", linestyle="--", linewidth=1, label=f"atol {tolerance[name]:g}")
             hx.legend(fontsize=8)
-        hx.set_title(f"output '{name}': |error| ({e.size} elements; {n_zero} exact, {n_bad} inf/NaN)", fontsize=9)
+        hx.set_title(f"output '{_label(name)}': |error| ({e.size} elements; {n_zero} exact, {n_bad} inf/NaN)", fontsize=9)
         hx.set_xlabel("absolute error (log)")
         hx.set_ylabel("elements")
 
+    import io
+
+    from bisector.files import write_bytes_atomic
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, bbox_inches="tight")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight")
     plt.close(fig)
+    write_bytes_atomic(path, buf.getvalue())  # atomic, like every artifact
     return path
+
+
+def _label(text: str) -> str:
+    """A name as matplotlib text: `$` would start mathtext (and fail to parse), control characters have no glyph."""
+    from bisector.text import terminal
+
+    return terminal(text).replace("$", r"\$")

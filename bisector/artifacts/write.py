@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Callable
 
@@ -16,12 +15,25 @@ from bisector.errors import UsageError
 from bisector.fp16.mixed import build_mixed_model
 from bisector.artifacts.add_constraints import add_constraints_for, layer_precision_strings_for
 from bisector.artifacts.constraints import Constraints
-from bisector.files import ensure_dir, write_file_atomic, write_text_atomic
+from bisector.files import clean_stale_temporaries, ensure_dir, remove_file, write_file_atomic, write_text_atomic
 from bisector.artifacts.report import render_report
 
 
-def write_artifacts(out_dir: Path, catalog: Catalog, constraints: Constraints, extra_report: str = "") -> dict[str, Path]:
+ARTIFACT_NAMES = ("constraints.json", "add_constraints.py", "model.mixed.onnx", "model.mixed.onnx.data",
+                  "layer_precisions.json", "report.md", "profile.json", "profile.png")
+
+
+def begin_artifacts(out_dir: Path) -> Path:
+    """Before the first artifact of a run lands in `out_dir`: remove a stale constraints.json (its presence means
+    a complete set, so it must never sit beside half of a new one) and the temporary files of killed runs."""
     out = ensure_dir(Path(out_dir))
+    remove_file(out / "constraints.json")
+    clean_stale_temporaries(out, ARTIFACT_NAMES)
+    return out
+
+
+def write_artifacts(out_dir: Path, catalog: Catalog, constraints: Constraints, extra_report: str = "") -> dict[str, Path]:
+    out = begin_artifacts(Path(out_dir))
     fp32 = list(constraints.fp32_nodes)
     paths = {
         "constraints": out / "constraints.json",
@@ -30,9 +42,8 @@ def write_artifacts(out_dir: Path, catalog: Catalog, constraints: Constraints, e
         "layer_precisions": out / "layer_precisions.json",
         "report": out / "report.md",
     }
-    # constraints.json is written last and its presence means a complete set: a stale one goes first, so that a
-    # run that fails half way (disk full) can never leave new artifacts beside an old constraints.json.
-    _remove(paths["constraints"])
+    # constraints.json is written last and its presence means a complete set: begin_artifacts removed a stale
+    # one first, so that a run that fails half way (disk full) never leaves new artifacts beside an old one.
     # Build everything in memory first: a failure here leaves no artifact of this run behind.
     mixed = build_mixed_model(catalog, frozenset(fp32))
     mixed_files = _mixed_files(mixed, paths["mixed"])
@@ -90,15 +101,6 @@ def _mixed_files(mixed: onnx.ModelProto, path: Path) -> list[tuple[Path, Callabl
             f.write(c if isinstance(c, bytes) else memoryview(c).cast("B"))
 
     return [(data_path, fill_data), (path, lambda f: f.write(model_bytes))]
-
-
-def _remove(path: Path) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        raise UsageError(f"cannot replace {path}: {exc.strerror or exc}") from None
 
 
 def _check_without_external_data(model: onnx.ModelProto) -> None:

@@ -37,7 +37,8 @@ from onnx import TensorProto, helper
 
 from bisector import __version__
 from bisector.errors import BackendFailure, BuildFailure, UsageError
-from bisector.fp16.mixed import build_mixed_model, fp16_name
+from bisector.fp16.casts import FLOAT, cast, fp16_name
+from bisector.fp16.mixed import build_mixed_model
 from bisector.fp16.plan import Plan
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -215,8 +216,7 @@ class OrtCudaBackend:
                 wanted.append(t)
                 continue
             if t not in produced and fp16_name(t) in produced:
-                graph.node.append(helper.make_node("Cast", [fp16_name(t)], [t], to=TensorProto.FLOAT,
-                                                   name=f"{t}__cast_to_fp32_out"))
+                graph.node.append(cast(fp16_name(t), t, FLOAT))
             elif t not in produced:
                 raise BackendFailure(f"ort-cuda: tensor {t!r} does not exist in the mixed model")
             vi = onnx.ValueInfoProto()

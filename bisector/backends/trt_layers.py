@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Iterable, Mapping
 import onnx
 
 from bisector.errors import UsageError
+from bisector.model.graph import inner_nodes, subgraphs
 
 if TYPE_CHECKING:  # pragma: no cover
     from bisector.model.catalog import Catalog
@@ -99,16 +100,6 @@ def match_layers(network, nodes, aliases=None):
 
 
 # ---- model-side inputs of the rule --------------------------------------------------------------------------
-def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
-    graphs: list[onnx.GraphProto] = []
-    for a in node.attribute:
-        if a.type == onnx.AttributeProto.GRAPH:
-            graphs.append(a.g)
-        elif a.type == onnx.AttributeProto.GRAPHS:
-            graphs.extend(a.graphs)
-    return graphs
-
-
 def parser_node_name(node: onnx.NodeProto) -> str:
     """The name onnx-tensorrt gives a node: its name, or `node_of_<first output>` when it has none."""
     return node.name or (f"node_of_{node.output[0]}" if node.output else "")
@@ -122,18 +113,11 @@ def subgraph_aliases(model: onnx.ModelProto) -> dict[str, str]:
     """
     top = {n.name for n in model.graph.node}
     aliases: dict[str, str] = {}
-
-    def visit(graph: onnx.GraphProto, owner: str) -> None:
-        for n in graph.node:
+    for node in model.graph.node:
+        for n in inner_nodes(node):
             inner = parser_node_name(n)
             if inner and inner not in top:
-                aliases.setdefault(inner, owner)
-            for g in _subgraphs(n):
-                visit(g, owner)
-
-    for node in model.graph.node:
-        for g in _subgraphs(node):
-            visit(g, node.name)
+                aliases.setdefault(inner, node.name)
     return aliases
 
 
@@ -176,7 +160,7 @@ def predict_layers(catalog: "Catalog") -> list[PredictedLayer]:
                     name=unique(here), metadata=f"[ONNX Layer: {here}]", node=here, owner=top,
                     op_type=node.op_type, inputs=tuple(t for t in node.input if t),
                     outputs=tuple(t for t in node.output if t)))
-            for g in _subgraphs(node):
+            for g in subgraphs(node):
                 visit(g.node, top)
 
     visit(catalog.model.graph.node, None)

@@ -125,12 +125,52 @@ def json_to_stdout(json_out) -> bool:
 def write_json(json_out, text: str) -> None:
     """`--json FILE` (written atomically) or `--json -` (stdout, which then carries the JSON alone)."""
     if json_to_stdout(json_out):
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        out = getattr(sys.stdout, "unwrapped", sys.stdout)  # JSON escapes what it must itself: written as is
+        out.write(text)
+        out.flush()
     else:
         from bisector.files import write_text_atomic
 
         write_text_atomic(json_out, text)
+
+
+def plain(text: Any) -> str:
+    """A name from the model as terminal text (escape sequences and control characters made visible)."""
+    from bisector.text import terminal
+
+    return terminal(text)
+
+
+def refuse_outputs_onto(model: Any, **outputs: Any) -> None:
+    """Before any work: an output flag (`json=...`, `junit=...`) naming the input model is refused (exit 2)."""
+    from bisector.files import check_not_input, protect
+
+    protect(model, "the input model")
+    for flag, path in outputs.items():
+        if path is not None and str(path) != "-":
+            check_not_input(path, "--" + flag.replace("_", "-"))
+
+
+def raw_stream(stream):
+    """The terminal under the CLI's SafeStream filter, for rich consoles: rich draws colours with escape sequences
+    of its own and strips control characters from text itself (names are printed with markup off)."""
+    return getattr(stream, "unwrapped", stream)
+
+
+def safe_table(*args: Any, **kwargs: Any):
+    """A rich Table whose title and cells pass `text.terminal` (rich keeps escape sequences and NULs of cell text);
+    print it on a Console with markup off."""
+    from rich.table import Table
+
+    from bisector.text import terminal
+
+    class SafeTable(Table):
+        def add_row(self, *cells: Any, **kw: Any) -> None:
+            super().add_row(*(terminal(c) if isinstance(c, str) else c for c in cells), **kw)
+
+    if isinstance(kwargs.get("title"), str):
+        kwargs["title"] = terminal(kwargs["title"])
+    return SafeTable(*args, **kwargs)
 
 
 def human_output(json_out):
@@ -141,4 +181,5 @@ def human_output(json_out):
 
 
 __all__ = ["command", "build_groups", "Model", "Fp16", "Fp32Nodes", "ConstraintsIn", "JunitOut", "JsonOut",
-           "Verbose", "setup_logging", "write_json", "human_output", "json_to_stdout", "multi_value_flags"]
+           "Verbose", "setup_logging", "write_json", "human_output", "json_to_stdout", "multi_value_flags", "raw_stream",
+           "safe_table", "plain", "refuse_outputs_onto"]

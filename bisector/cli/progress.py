@@ -74,7 +74,10 @@ class SearchProgress:
             from rich.console import Console
             from rich.live import Live
 
-            console = Console(file=self.stream, stderr=self.stream is sys.stderr)
+            # the live panel draws with escape sequences of its own: it writes to the real stream under the CLI's
+            # SafeStream; names in it are escaped for rich markup and control characters (_render)
+            raw = getattr(self.stream, "unwrapped", self.stream)
+            console = Console(file=raw, stderr=self.stream is sys.stderr)
             self._live = Live(self._render(), console=console, refresh_per_second=8, transient=False)
             self._live.start()
         elif not self.live:
@@ -178,7 +181,9 @@ class SearchProgress:
         return "none yet" if self.best is None else f"{len(self.best)} FP32"
 
     def _line(self, text: str) -> None:
-        print(f"[bisector] {text}", file=self.stream, flush=True)
+        from bisector.text import terminal
+
+        print(f"[bisector] {terminal(text)}", file=self.stream, flush=True)
 
     def _render(self) -> Any:
         from rich.table import Table
@@ -188,12 +193,16 @@ class SearchProgress:
         table.add_column()
         budget = f" / {self.max_evals}" if self.max_evals else ""
         table.add_row("evaluations", f"{self.evaluations}{budget} ({self.new} new, {self.cached} from journal)")
-        table.add_row("phase", self.phase)
+        from bisector.text import rich_escape
+
+        table.add_row("phase", rich_escape(self.phase))
         last = "-" if self.last_size is None else f"{self.last_size} FP32 -> {'[green]pass' if self.last_passed else '[red]fail'}"
         table.add_row("last candidate", last)
         best = self._best_text()
         if self.best is not None and len(self.best) <= 8:
-            best += ": " + ", ".join(sorted(self.best))
+            from bisector.text import rich_escape
+
+            best += ": " + ", ".join(rich_escape(n) for n in sorted(self.best))
         table.add_row("best passing", best)
         per = self.per_eval()
         table.add_row("elapsed", f"{self.elapsed():.1f}s" + (f" ({per:.2f}s per evaluation)" if per else ""))

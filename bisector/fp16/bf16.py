@@ -15,6 +15,8 @@ def to_bf16(model, catalog: "Catalog"):
     import onnx
     from onnx import TensorProto, numpy_helper
 
+    from bisector.model.graph import constant_value, subgraphs
+
     FP16, BF16 = TensorProto.FLOAT16, TensorProto.BFLOAT16
     originals = {i.name: i for i in catalog.model.graph.initializer}
     constants = {n.output[0]: n for n in catalog.model.graph.node if n.op_type == "Constant"}
@@ -26,9 +28,7 @@ def to_bf16(model, catalog: "Catalog"):
                 if src in originals:
                     return numpy_helper.to_array(originals[src])
                 if src in constants:
-                    attr = next((a for a in constants[src].attribute if a.name == "value"), None)
-                    if attr is not None:
-                        return numpy_helper.to_array(attr.t)
+                    return constant_value(constants[src])
         return None
 
     def bf16_tensor(name: str, values) -> onnx.TensorProto:
@@ -55,10 +55,8 @@ def to_bf16(model, catalog: "Catalog"):
                 if a.type == onnx.AttributeProto.TENSOR and a.t.data_type == FP16:
                     src = numpy_helper.to_array(a.t).astype(np.float32)
                     a.t.CopyFrom(bf16_tensor(a.t.name, src))
-                if a.type == onnx.AttributeProto.GRAPH:
-                    retype_graph(a.g)
-                for g in (a.graphs if a.type == onnx.AttributeProto.GRAPHS else []):
-                    retype_graph(g)
+            for g in subgraphs(node):
+                retype_graph(g)
 
     out = onnx.ModelProto()
     out.CopyFrom(model)

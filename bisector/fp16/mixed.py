@@ -1,13 +1,13 @@
 """The strongly typed mixed-precision ONNX of a plan (`model.mixed.onnx`; TensorRT 11, TensorRT-RTX, ort-cuda).
 
-FP16 nodes get real FP16 tensors; Casts sit at the boundaries; weights read by FP16 nodes become FP16 copies
-converted by the rule of `fp16.convert_weight` (the same rule the emulation applies), while FP32 readers keep the
-exact original. Graph inputs and outputs keep their types.
+Derived from the plan's rounding points (`fp16.points`), like the emulation: what the emulation rounds with a
+Cast pair is here a real FP16 tensor; weights read by FP16 nodes become FP16 copies converted by
+`rules.weight_rule`, while FP32 readers keep the exact original. Graph inputs and outputs keep their types.
 
-Naming: the FP16 version of a float tensor `t` is always `t__fp16` (the producer's own output when the producer
-is FP16, else a Cast or a converted initializer). The FP32 name `t` stays valid wherever an FP32 reader, a
-subgraph or a graph output needs it (a Cast back when the producer is FP16), so nothing outside FP16 regions is
-renamed — subgraphs of If/Loop/Scan that read outer-scope values keep working untouched.
+Naming (`fp16.casts`): the FP16 version of a float tensor `t` is always `t__fp16` (the producer's own output when
+the producer is FP16, else a Cast or a converted initializer). The FP32 name `t` stays valid wherever an FP32
+reader, a subgraph or a graph output needs it (a Cast back when the producer is FP16), so nothing outside FP16
+regions is renamed — subgraphs of If/Loop/Scan that read outer-scope values keep working untouched.
 """
 
 from __future__ import annotations
@@ -15,83 +15,78 @@ from __future__ import annotations
 import copy
 
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import numpy_helper
 
-from bisector.model.catalog import Catalog
-from bisector.fp16.rules import convert_weight, round_activation
-from bisector.model.optable import _schema
+from bisector.fp16 import rules
+from bisector.fp16.casts import FLOAT, FLOAT16, cast, fp16_name, raw_name, rounded_name
 from bisector.fp16.plan import Plan
+from bisector.fp16.points import Read, RoundingPoints, rounding_points
+from bisector.model.catalog import Catalog
+from bisector.model.graph import constant_value, copy_without_initializers, graph_reads, rename_free, subgraphs
 
-FLOAT, FLOAT16 = TensorProto.FLOAT, TensorProto.FLOAT16
 _ANY_TYPE_READERS = frozenset({"Shape", "Size", "Cast", "CastLike"})
-
-
-def fp16_name(tensor: str) -> str:
-    return f"{tensor}__fp16"
 
 
 def build_mixed_model(catalog: Catalog, plan: Plan | frozenset[str]) -> onnx.ModelProto:
     """The mixed-precision model: `plan` (or an FP32 set) FP32, every other candidate FP16."""
     if not isinstance(plan, Plan):
         plan = Plan(frozenset(plan), catalog.candidates)
-    fp16_nodes = plan.fp16
+    points = rounding_points(catalog, plan)
+    fp16_nodes = points.fp16
     src = catalog.model
-    model = onnx.ModelProto()
-    model.CopyFrom(src)
+    model = copy_without_initializers(src)  # weights are added at the end: only those still read
+    # IR < 4 (opset <= 8 era) requires every initializer to be a graph input; the FP16 weight copies are not, and
+    # IR 4 lifts that rule without changing anything else the model means.
+    model.ir_version = max(model.ir_version, 4)
     graph = model.graph
     del graph.node[:]
     del graph.value_info[:]  # stale after retyping; consumers re-infer
 
-    weights = {i.name: i for i in src.graph.initializer}
+    initializers = {i.name: i for i in src.graph.initializer}
     constants = {n.output[0]: n for n in src.graph.node if n.op_type == "Constant"}
-    graph_outputs = {o.name for o in src.graph.output}
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for n in src.graph.node:
-        for t in catalog.node_inputs(n.name):
-            readers.setdefault(t, []).append(n)
-
-    created: set[str] = set()  # names of the FP16 tensors that exist already (`t__fp16`, `t__fp16_param`)
+    graph_outputs = set(catalog.output_names)
+    created: set[str] = set()  # names of the FP16 tensors that exist already
     new_inits: list[onnx.TensorProto] = []
 
-    def ensure_fp16(t: str, out_nodes: list[onnx.NodeProto], parameter: bool = False) -> str:
-        is_weight = t in weights or t in constants
-        # A parameter that ONNX types as T (Clip bounds) is rounded like an activation, not clamped like a
-        # weight: then min(x, round(b)) == round(min(x, b)) for FP16 x, which is what the emulation computes.
-        name = f"{t}__fp16_param" if (parameter and is_weight) else fp16_name(t)
+    def ensure_fp16(t: str, out_nodes: list[onnx.NodeProto], read: Read) -> str:
+        """The FP16 tensor an FP16 reader reads for `t` (created on first use)."""
+        # A weight read as a parameter that ONNX types as T (Clip bounds) is rounded like an activation, not
+        # clamped like a weight: then min(x, round(b)) == round(min(x, b)) for FP16 x, what the emulation computes.
+        as_param = read is Read.EXACT and t in catalog.weights and not points.stored(t)
+        name = f"{fp16_name(t)}_param" if as_param else fp16_name(t)
         if name in created:
             return name
         created.add(name)
-        if is_weight:
-            value = numpy_helper.to_array(weights[t]) if t in weights else _constant_array(constants[t])
-            converted = round_activation(value).astype("float16") if parameter else convert_weight(value)
+        if t in catalog.weights:
+            value = numpy_helper.to_array(initializers[t]) if t in initializers else constant_value(constants[t])
+            converted = rules.round_activation(value).astype("float16") if as_param else rules.weight_rule(value)
             new_inits.append(numpy_helper.from_array(converted, name))
         else:
-            out_nodes.append(helper.make_node("Cast", [t], [name], to=FLOAT16, name=f"{t}__cast_to_fp16"))
+            out_nodes.append(cast(t, name, FLOAT16))
         return name
 
     for node in src.graph.node:
         emitted: list[onnx.NodeProto] = []
+        new = copy.deepcopy(node)
         if node.name not in fp16_nodes:
-            new = copy.deepcopy(node)
             if node.op_type in _ANY_TYPE_READERS:
                 # Shape/Size/Cast read any type: they take the FP16 tensor itself (same values, and no Cast back
                 # is needed just for them — what AutoCast does too).
                 for i, t in enumerate(node.input):
-                    if t and fp16_name(t) in created and catalog.producers.get(t) in fp16_nodes:
+                    if t and fp16_name(t) in created and points.stored(t):
                         new.input[i] = fp16_name(t)
-            emitted.append(new)
-            graph.node.extend(emitted)
+            graph.node.append(new)
             continue
         in_fp16, out_fp16 = _fp16_slots(catalog, node)
-        new = copy.deepcopy(node)
-        for i, t in enumerate(node.input):
-            if t and in_fp16[i] and catalog.is_float(t):
-                new.input[i] = ensure_fp16(t, emitted, parameter=catalog.is_parameter(node.name, i))
+        for t, i in catalog.reads(node.name):
+            if i is not None and in_fp16[i] and catalog.is_float(t):
+                new.input[i] = ensure_fp16(t, emitted, points.read(node.name, i, t))
         # Outer-scope values an FP16 If reads are stored in FP16: its subgraphs read them through a Cast back to
         # FP32 (the subgraphs compute FP32, as in the emulation); nothing is retyped inside them.
-        outer = [t for t in catalog.outer_inputs.get(node.name, ()) if catalog.is_float(t)]
+        outer = {t: ensure_fp16(t, emitted, points.read(node.name, None, t))
+                 for t, i in catalog.reads(node.name) if i is None and catalog.is_float(t)}
         if outer:
-            _round_outer_reads(new, {t: ensure_fp16(t, emitted) for t in outer})
+            _round_outer_reads(new, outer)
         producer_outputs, stored = [], []
         for i, t in enumerate(node.output):
             if not (t and catalog.is_float(t)):
@@ -102,27 +97,28 @@ def build_mixed_model(catalog: Catalog, plan: Plan | frozenset[str]) -> onnx.Mod
                 # ONNX does not let this node produce FP16 from what it reads (Range from FP32 bounds that must
                 # not be rounded, If whose type comes from its subgraphs, ConstantOfShape, ...): it computes
                 # FP32 and its output is stored in FP16 right after, exactly the emulation's rule.
-                new.output[i] = f"{t}__fp32_compute"
-                stored.append(helper.make_node("Cast", [new.output[i]], [fp16_name(t)], to=FLOAT16,
-                                               name=f"{t}__store_fp16"))
+                new.output[i] = raw_name(t)
+                stored.append(cast(raw_name(t), fp16_name(t), FLOAT16))
             created.add(fp16_name(t))
             producer_outputs.append(t)
         emitted.append(new)
         emitted.extend(stored)
         for t in producer_outputs:
-            needs_fp32 = t in graph_outputs or any(
-                (r.name not in fp16_nodes and r.op_type not in _ANY_TYPE_READERS)
-                or (r.name in fp16_nodes and not _reads_fp16(catalog, r, t))
-                or (r.op_type in _ANY_TYPE_READERS and t not in r.input)  # an outer-scope read in a subgraph
-                for r in readers.get(t, [])
-            )
-            if needs_fp32:
-                emitted.append(helper.make_node("Cast", [fp16_name(t)], [t], to=FLOAT, name=f"{t}__cast_to_fp32"))
+            if t in graph_outputs or any(_needs_fp32(catalog, points, r, idx, t) for r, idx in catalog.consumers.get(t, [])):
+                emitted.append(cast(fp16_name(t), t, FLOAT))
         graph.node.extend(emitted)
 
-    graph.initializer.extend(new_inits)
-    _drop_unused(model)
+    _add_used_initializers(model, list(src.graph.initializer) + new_inits)
     return model
+
+
+def _needs_fp32(catalog: Catalog, points: RoundingPoints, reader: onnx.NodeProto, index: int | None, t: str) -> bool:
+    """Does `reader` read the FP32 name of `t` (produced FP16) in slot `index` (None: from a subgraph)?"""
+    if reader.op_type in _ANY_TYPE_READERS:
+        return index is None  # reads the FP16 tensor itself, unless from inside a subgraph
+    if reader.name not in points.fp16:
+        return True
+    return index is None or not _fp16_slots(catalog, reader)[0][index]
 
 
 def _fp16_slots(catalog: Catalog, node: onnx.NodeProto) -> tuple[list[bool], list[bool]]:
@@ -131,7 +127,7 @@ def _fp16_slots(catalog: Catalog, node: onnx.NodeProto) -> tuple[list[bool], lis
     Data inputs whose type parameter admits float16 become FP16; a parameter input becomes FP16 only when ONNX
     ties its type to a converted data input (Clip bounds share T with the data); Resize scales stay FP32.
     """
-    schema = _schema(node.op_type, node.domain, catalog.opset if node.domain in ("", "ai.onnx") else None)
+    schema = catalog.schema(node.name)
     n_in, n_out = len(node.input), len(node.output)
     if schema is None:
         return [not catalog.is_parameter(node.name, i) for i in range(n_in)], [True] * n_out
@@ -160,64 +156,26 @@ def _fp16_slots(catalog: Catalog, node: onnx.NodeProto) -> tuple[list[bool], lis
 
 def _round_outer_reads(node: onnx.NodeProto, fp16_of: dict[str, str]) -> None:
     """Make `node`'s subgraphs read each outer-scope value `t` through `Cast(fp16_of[t], to=FLOAT)`."""
-    for attr in node.attribute:
-        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
-        for g in graphs:
-            local = {t: f"{t}__fp16_in_{node.name}_{attr.name}" for t in fp16_of}
-            _rename_free(g, local)
-            casts = [helper.make_node("Cast", [fp16_of[t]], [local[t]], to=FLOAT, name=f"{local[t]}__cast")
-                     for t in fp16_of]
-            nodes = casts + list(g.node)
-            del g.node[:]
-            g.node.extend(nodes)
+    for k, g in enumerate(subgraphs(node)):
+        local = {t: f"{rounded_name(t)}_{node.name}_{k}" for t in fp16_of}
+        rename_free(g, local)
+        nodes = [cast(fp16_of[t], local[t], FLOAT) for t in fp16_of] + list(g.node)
+        del g.node[:]
+        g.node.extend(nodes)
 
 
-def _rename_free(graph: onnx.GraphProto, mapping: dict[str, str]) -> None:
-    """Rename reads of outer-scope names in `graph` and its nested subgraphs (ONNX forbids shadowing)."""
-    bound = {i.name for i in graph.input} | {i.name for i in graph.initializer}
-    m = {k: v for k, v in mapping.items() if k not in bound}
-    for n in graph.node:
-        for i, t in enumerate(n.input):
-            if t in m:
-                n.input[i] = m[t]
-        for a in n.attribute:
-            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-                _rename_free(g, m)
-    for o in graph.output:
-        if o.name in m:
-            # a branch that returns an outer value as is: return the rounded copy instead
-            o.name = m[o.name]
-
-
-def _reads_fp16(catalog: Catalog, reader: onnx.NodeProto, t: str) -> bool:
-    ins, _ = _fp16_slots(catalog, reader)
-    return all(ins[i] for i, x in enumerate(reader.input) if x == t) and t in reader.input
-
-
-def _constant_array(node: onnx.NodeProto):
-    from bisector.backends.emulate.executor import _constant_value
-
-    return _constant_value(node)
-
-
-def _drop_unused(model: onnx.ModelProto) -> None:
-    """Remove initializers and Constant nodes nobody reads any more (weights now only read as FP16)."""
+def _add_used_initializers(model: onnx.ModelProto, initializers: list[onnx.TensorProto]) -> None:
+    """Add the initializers something still reads, and drop Constant nodes nobody reads any more (weights now
+    only read as FP16)."""
     graph = model.graph
-    used = _graph_reads(graph)  # subgraphs included: a branch may read an outer initializer
-    keep = [i for i in graph.initializer if i.name in used]
-    del graph.initializer[:]
-    graph.initializer.extend(keep)
+    used = graph_reads(graph)  # subgraphs included: a branch may read an outer initializer
+    graph.initializer.extend(i for i in initializers if i.name in used)
+    # IR 3 models list every initializer as a graph input too: a weight not read any more must not stay behind as
+    # a required input without its value
+    dropped = {i.name for i in initializers} - used
+    inputs = [i for i in graph.input if i.name not in dropped]
+    del graph.input[:]
+    graph.input.extend(inputs)
     nodes = [n for n in graph.node if not (n.op_type == "Constant" and n.output[0] not in used)]
     del graph.node[:]
     graph.node.extend(nodes)
-
-
-def _graph_reads(graph: onnx.GraphProto) -> set[str]:
-    """Every name a graph (and its subgraphs) reads, plus its outputs."""
-    names = {o.name for o in graph.output}
-    for n in graph.node:
-        names.update(n.input)
-        for a in n.attribute:
-            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-                names.update(_graph_reads(g))
-    return names

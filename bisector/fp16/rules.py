@@ -1,11 +1,23 @@
-"""FP16 storage rules (DESIGN §4), in one place so the emulation and the mixed-precision ONNX agree.
+"""FP16 storage rules (DESIGN §4): the numbers, and how each op family runs as an FP16 node.
 
 - activations: IEEE round-to-nearest-even; finite values from 65520 up become inf, as a real FP16 tensor would.
-- weights: what TensorRT and ModelOpt AutoCast do when they convert weights: clamp finite values to ±65504, lift
-  nonzero values below the smallest subnormal (2^-24) to ±2^-24, round the rest to nearest.
+- weights (`weight_rule`): what TensorRT and ModelOpt AutoCast do when they convert weights: clamp finite values
+  to ±65504, lift nonzero values below the smallest subnormal (2^-24) to ±2^-24, round the rest to nearest.
+- op families (`op_rule`): how an FP16 node of a given op type computes and stores. Today every family is
+  "FP16 storage, FP32 math inside the layer"; families whose outputs are exact copies or selections of their
+  (already FP16) inputs are marked so the emulation can skip a rounding that changes nothing. A family computed
+  in FP16 *arithmetic* (as some GPU kernels do) is one more `OpRule` registered here with `register_op_rule`;
+  every consumer asks `op_rule` and nothing else.
+
+Which tensors a plan rounds is `bisector.fp16.points`; the Cast nodes that realise it are `bisector.fp16.casts`.
+Callers look these functions up through the module (`rules.weight_rule(...)`), so a patched rule reaches the
+emulation, the sensitivity profile and the mixed-precision writer alike.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
 
 import numpy as np
 
@@ -19,9 +31,13 @@ def round_activation(a: np.ndarray) -> np.ndarray:
         return a.astype(np.float16).astype(np.float32)
 
 
-def convert_weight(a: np.ndarray) -> np.ndarray:
+def weight_rule(a: np.ndarray) -> np.ndarray:
     """An FP32 weight as an FP16 layer holds it, returned as FP16."""
     a = np.asarray(a, dtype=np.float32)
+    with np.errstate(invalid="ignore"):
+        mag = np.abs(a)
+        if not ((mag > FP16_MAX).any() or ((mag < FP16_MIN_SUBNORMAL) & (mag > 0)).any()):
+            return a.astype(np.float16)  # nothing to clamp or lift (NaN compares False: kept as NaN)
     finite = np.isfinite(a)
     clamped = np.where(finite, np.clip(a, -FP16_MAX, FP16_MAX), a)
     tiny = finite & (clamped != 0) & (np.abs(clamped) < FP16_MIN_SUBNORMAL)
@@ -31,8 +47,46 @@ def convert_weight(a: np.ndarray) -> np.ndarray:
 
 
 def round_weight(a: np.ndarray) -> np.ndarray:
-    """convert_weight, read back as FP32 (what the emulation feeds an FP16 node)."""
-    return convert_weight(a).astype(np.float32)
+    """`weight_rule`, read back as FP32 (what the emulation feeds an FP16 node)."""
+    return weight_rule(a).astype(np.float32)
+
+
+# ---- op families -----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class OpRule:
+    """How an FP16 node of one op family runs.
+
+    `exact_outputs`: its float outputs are copies, selections or sign changes of its float data inputs (which an
+    FP16 node reads as FP16 values), so storing them in FP16 changes nothing: the emulation skips that rounding
+    (an exact no-op, a measurable saving); the mixed model stores them FP16 all the same.
+    """
+
+    name: str
+    exact_outputs: bool = False
+
+
+STORAGE = OpRule("fp16-storage")
+EXACT_STORAGE = OpRule("fp16-storage-exact", exact_outputs=True)
+
+_OP_RULES: dict[str, OpRule] = {
+    op: EXACT_STORAGE
+    for op in (
+        "Relu Identity Reshape Transpose Flatten Squeeze Unsqueeze Slice Gather GatherElements GatherND Concat "
+        "Split Tile Expand MaxPool GlobalMaxPool ReduceMax ReduceMin Max Min Neg Abs Sign Floor Ceil Round Where "
+        "DepthToSpace SpaceToDepth TopK Dropout"
+    ).split()
+}
+
+
+def op_rule(op_type: str) -> OpRule:
+    """The rule an FP16 node of `op_type` follows (STORAGE unless a family registered another)."""
+    return _OP_RULES.get(op_type, STORAGE)
+
+
+def register_op_rule(op_types: Iterable[str], rule: OpRule) -> None:
+    """Make every op type in `op_types` follow `rule` (for a new family, e.g. FP16 arithmetic)."""
+    for op in op_types:
+        _OP_RULES[op] = rule
 
 
 # ---- BF16 storage (`run --trt --bf16`): the same rules with bfloat16's range and precision --------------------------
@@ -69,3 +123,23 @@ def round_weight_bf16(a: np.ndarray) -> np.ndarray:
     tiny = finite & (clamped != 0) & (np.abs(clamped) < BF16_MIN_SUBNORMAL)
     lifted = np.where(tiny, np.copysign(np.float32(BF16_MIN_SUBNORMAL), clamped), clamped).astype(np.float32)
     return round_activation_bf16(lifted)
+
+
+# ---- the storage type of a plan's reduced-precision nodes --------------------------------------------------------
+STORAGES = ("fp16", "bf16")
+
+
+def half_type(storage: str) -> int:
+    """The ONNX element type a reduced-precision node stores: FLOAT16, or BFLOAT16 (`run --trt --bf16`)."""
+    from onnx import TensorProto
+
+    return TensorProto.BFLOAT16 if storage == "bf16" else TensorProto.FLOAT16
+
+
+def round_activation_as(storage: str, a: np.ndarray) -> np.ndarray:
+    return round_activation_bf16(a) if storage == "bf16" else round_activation(a)
+
+
+def round_weight_as(storage: str, a: np.ndarray) -> np.ndarray:
+    return round_weight_bf16(a) if storage == "bf16" else round_weight(a)
+

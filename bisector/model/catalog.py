@@ -17,10 +17,19 @@ import onnx
 from onnx import TensorProto
 
 from bisector.errors import UsageError
+from bisector.model.graph import (
+    consumers,
+    copy_without_initializers,
+    has_subgraph,
+    node_reads,
+    outer_scope_inputs,
+    unique_node_names,
+)
 from bisector.model.optable import (
     NEVER_CANDIDATES,
     is_parameter_input,
     model_opset,
+    op_schema,
     supports_fp16,
 )
 
@@ -43,13 +52,20 @@ class Catalog:
     tensor_types: dict[str, int]
     weights: frozenset[str]
     outer_inputs: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    external_data: bool = False  # the file keeps its weights in external data files (loaded into `model` here)
 
     # ---- loading -------------------------------------------------------------------------------------------
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Catalog":
         path = Path(path)
-        model = _load_model(path)
-        return cls.from_model(model, path=path, sha256=_digest(path, model))
+        model, external = _load_model(path)
+        _check_reserved_names(model.graph, path)  # a user's model (mixed models built in memory are exempt)
+        from bisector.files import protect
+
+        protect(path, "the input model")  # no output of this process may overwrite it (-o, --json, ...)
+        catalog = cls.from_model(model, path=path, sha256=_digest(path, model))
+        catalog.external_data = external
+        return catalog
 
     @classmethod
     def from_model(cls, model: onnx.ModelProto, path: Path | None = None, sha256: str | None = None) -> "Catalog":
@@ -65,7 +81,7 @@ class Catalog:
             + [o for n in graph.node if n.op_type == "Constant" for o in n.output]
         )
         opset = model_opset(model)
-        outer = {n.name: _outer_scope_inputs(n) for n in graph.node if _has_subgraph(n)}
+        outer = {n.name: outer_scope_inputs(n) for n in graph.node if has_subgraph(n)}
         shape_nodes = _shape_computation_nodes(graph, opset)
         candidates, pinned = [], {}
         for node in graph.node:
@@ -78,7 +94,7 @@ class Catalog:
                 pinned[node.name] = "shape computation: its outputs only feed shape/index parameters"
             elif node.op_type in ("Loop", "Scan"):
                 pinned[node.name] = f"control flow ({node.op_type}): its body is not split; kept FP32 as one unit"
-            elif not supports_fp16(node.op_type, node.domain, opset if node.domain in ("", "ai.onnx") else None):
+            elif not supports_fp16(node.op_type, node.domain, _default_domain_opset(node, opset)):
                 pinned[node.name] = f"{node.op_type} has no FP16 type in the ONNX schema"
             else:
                 candidates.append(node.name)
@@ -121,14 +137,34 @@ class Catalog:
 
     def node_inputs(self, name: str) -> list[str]:
         """Explicit inputs followed by outer-scope values its subgraphs read (If/Loop/Scan)."""
-        node = self.nodes[name]
-        return [t for t in node.input if t] + list(self.outer_inputs.get(name, ()))
+        return [t for t, _ in self.reads(name)]
+
+    def reads(self, name: str) -> list[tuple[str, int | None]]:
+        """(tensor, explicit input index, None for an outer-scope value) for everything the node reads."""
+        return self._reads[name]
+
+    @cached_property
+    def _reads(self) -> dict[str, list[tuple[str, int | None]]]:
+        return {n.name: node_reads(n, self.outer_inputs.get(n.name, ())) for n in self.model.graph.node}
+
+    @cached_property
+    def _parameter_slots(self) -> dict[str, frozenset[int]]:
+        return {n.name: frozenset(i for i in range(len(n.input)) if is_parameter_input(
+            n.op_type, i, n.domain, _default_domain_opset(n, self.opset))) for n in self.model.graph.node}
+
+    @cached_property
+    def consumers(self) -> dict[str, list[tuple[onnx.NodeProto, int | None]]]:
+        """tensor -> (reader, input index or None for an outer-scope read), readers in topological order."""
+        return consumers(self.model.graph.node, self.outer_inputs)
 
     def is_parameter(self, node_name: str, index: int) -> bool:
+        """Is explicit input `index` a shape, index, bound or scale (never data)? Outer-scope values are data."""
+        return index in self._parameter_slots[node_name]
+
+    def schema(self, node_name: str):
+        """The ONNX schema the node follows at the model's opset (None for unknown or custom operators)."""
         node = self.nodes[node_name]
-        if index >= len(node.input):  # outer-scope values of a subgraph are data
-            return False
-        return is_parameter_input(node.op_type, index, node.domain, self.opset if node.domain in ("", "ai.onnx") else None)
+        return op_schema(node.op_type, node.domain, _default_domain_opset(node, self.opset))
 
     def unknown(self, names) -> list[str]:
         known = set(self.names)
@@ -136,7 +172,36 @@ class Catalog:
 
 
 # ---- helpers -----------------------------------------------------------------------------------------------
-def _load_model(path: Path) -> onnx.ModelProto:
+# Names the FP16 writers derive from a tensor `t` (the mixed model, the emulation, ort-cuda): `t__fp16`,
+# `t__fp16_param`, `t__rounded`, `t__raw`, `t__fp32_compute`, `t__cast_to_fp32`, ... A model that already has such
+# a tensor beside `t` would get two producers of one name in the mixed model.
+RESERVED_SUFFIXES = ("__fp16", "__fp32", "__rounded", "__raw", "__cast", "__store")
+
+
+def _check_reserved_names(graph: onnx.GraphProto, path: Path | None) -> None:
+    """UsageError naming the tensor when a model tensor collides with a name the FP16 writers derive."""
+    tensors = {t for n in graph.node for t in list(n.input) + list(n.output) if t}
+    tensors |= {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    for derived in sorted(t for t in tensors if "__" in t):
+        i = derived.find("__")
+        while i > 0:
+            base, suffix = derived[:i], derived[i:]
+            if base in tensors and suffix.startswith(RESERVED_SUFFIXES):
+                raise UsageError(
+                    f"{path or 'model'}: tensor {derived!r} collides with the names bisector derives from tensor "
+                    f"{base!r} (suffixes {', '.join(RESERVED_SUFFIXES)} are reserved); rename it in the model (is "
+                    "this a model.mixed.onnx? search the original model instead)")
+            i = derived.find("__", i + 1)
+
+
+
+
+def _default_domain_opset(node: onnx.NodeProto, opset: int | None) -> int | None:
+    """The model's default-domain opset for a node of the default domain; None (latest schema) for others."""
+    return opset if node.domain in ("", "ai.onnx") else None
+
+
+def _load_model(path: Path) -> tuple[onnx.ModelProto, bool]:
     if not path.exists():
         raise UsageError(f"model file not found: {path}")
     if path.is_dir():
@@ -155,11 +220,12 @@ def _load_model(path: Path) -> onnx.ModelProto:
             uses_external_data,
         )
 
-        if any(uses_external_data(t) for t in model.graph.initializer):
+        external = any(uses_external_data(t) for t in model.graph.initializer)
+        if external:
             load_external_data_for_model(model, str(path.parent))
     except Exception as exc:
         raise UsageError(f"{path}: cannot load its external data files ({exc})") from None
-    return model
+    return model, external
 
 
 def _digest(path: Path, model: onnx.ModelProto) -> str:
@@ -181,51 +247,28 @@ def _digest(path: Path, model: onnx.ModelProto) -> str:
 
 
 def _assign_unique_names(graph: onnx.GraphProto) -> list[str]:
-    taken = {n.name for n in graph.node if n.name}
-    seen: set[str] = set()
-    names = []
-    for i, node in enumerate(graph.node):
-        name = node.name
-        if not name or name in seen:
-            base = name or (f"node_of_{node.output[0]}" if node.output and node.output[0] else f"{node.op_type}_{i}")
-            name, k = base, 1
-            while name in seen or (name != node.name and name in taken):
-                name = f"{base}_{k}"
-                k += 1
-            node.name = name
-        seen.add(name)
-        names.append(name)
+    names = unique_node_names(graph.node)
+    for node, name in zip(graph.node, names):
+        node.name = name
     return names
 
 
 def _light_copy(model: onnx.ModelProto) -> onnx.ModelProto:
     """The model without value_info and without the bytes of large initializers (dims and types kept), so that
-    shape inference neither trusts stale value_info nor has to serialise a model beyond 2 GB."""
-    light = onnx.ModelProto()
-    initializers = list(model.graph.initializer)
-    light.CopyFrom(model) if model.ByteSize() <= PROTOBUF_LIMIT else _copy_all_but_initializers(model, light)
+    shape inference neither trusts stale value_info nor copies and serialises the weights (a model of 1 GB of
+    weights would otherwise cost several GB of peak memory here, and one beyond 2 GB cannot be serialised)."""
+    light = copy_without_initializers(model)
     del light.graph.value_info[:]
-    if model.ByteSize() > PROTOBUF_LIMIT:
-        for init in initializers:
-            stub = light.graph.initializer.add()
-            if init.ByteSize() > 4096:
-                stub.name, stub.data_type = init.name, init.data_type
-                stub.dims.extend(init.dims)
-                stub.data_location = TensorProto.EXTERNAL
-                stub.external_data.add(key="location", value="__not_loaded__")
-            else:
-                stub.CopyFrom(init)
+    for init in model.graph.initializer:
+        stub = light.graph.initializer.add()
+        if init.ByteSize() > 4096:
+            stub.name, stub.data_type = init.name, init.data_type
+            stub.dims.extend(init.dims)
+            stub.data_location = TensorProto.EXTERNAL
+            stub.external_data.add(key="location", value="__not_loaded__")
+        else:
+            stub.CopyFrom(init)
     return light
-
-
-def _copy_all_but_initializers(model: onnx.ModelProto, into: onnx.ModelProto) -> None:
-    graph = model.graph
-    saved = list(graph.initializer)
-    del graph.initializer[:]  # swapped out for the copy, put back right after
-    try:
-        into.CopyFrom(model)
-    finally:
-        graph.initializer.extend(saved)
 
 
 def _infer_types(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
@@ -289,59 +332,26 @@ def _tensor_types(model: onnx.ModelProto, inferred: dict[str, onnx.ValueInfoProt
     return types
 
 
-def _has_subgraph(node: onnx.NodeProto) -> bool:
-    return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
-
-
-def _outer_scope_inputs(node: onnx.NodeProto) -> tuple[str, ...]:
-    """Names a node's subgraphs read from the enclosing scope (free variables), in first-use order."""
-    free: list[str] = []
-
-    def visit(graph: onnx.GraphProto, bound: set[str]) -> None:
-        bound = bound | {i.name for i in graph.input} | {i.name for i in graph.initializer}
-        for n in graph.node:
-            for t in n.input:
-                if t and t not in bound and t not in free:
-                    free.append(t)
-            for a in n.attribute:
-                for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-                    visit(g, bound)
-            bound |= set(n.output)
-        for o in graph.output:
-            if o.name not in bound and o.name not in free:
-                free.append(o.name)
-
-    for a in node.attribute:
-        for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-            visit(g, set())
-    return tuple(free)
-
-
 def _shape_computation_nodes(graph: onnx.GraphProto, opset: int | None) -> set[str]:
     """Nodes whose every output only feeds shape/index parameters (directly or through other such nodes)."""
-    consumers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
-    for node in graph.node:
-        for i, t in enumerate(node.input):
-            if t:
-                consumers.setdefault(t, []).append((node, i))
+    readers = consumers(graph.node)
     graph_outputs = {o.name for o in graph.output}
     shape_nodes: set[str] = set()
     for node in reversed(graph.node):
-        if not node.output or _has_subgraph(node):
+        if not node.output or has_subgraph(node):
             continue
         ok = True
         for out in node.output:
             if not out:
                 continue
-            uses = consumers.get(out, [])
+            uses = readers.get(out, [])
             if out in graph_outputs or not uses:
                 ok = False
                 break
             for consumer, idx in uses:
                 if consumer.name in shape_nodes:
                     continue
-                dom = consumer.domain
-                if not is_parameter_input(consumer.op_type, idx, dom, opset if dom in ("", "ai.onnx") else None):
+                if not is_parameter_input(consumer.op_type, idx, consumer.domain, _default_domain_opset(consumer, opset)):
                     ok = False
                     break
             if not ok:

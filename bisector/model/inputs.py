@@ -6,6 +6,7 @@ Dynamic dimensions take `--input-shapes`; without it they become 1 with a warnin
 from __future__ import annotations
 
 import hashlib
+import os
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,6 +84,7 @@ def generate_inputs(
             f"--val-range names unknown input(s) {unknown}; the model's inputs are {[m.name for m in metas]}"
         )
     resolved = resolve_shapes(metas, shapes or {})
+    _check_memory(metas, resolved, iterations)
     warn_integer_default_range(metas, val_range)
     feeds_list = []
     for index in range(iterations):
@@ -108,6 +110,44 @@ def generate_inputs(
                 raise UsageError(f"input {m.name!r} has dtype {m.dtype}, which bisector cannot generate; use --load-inputs")
         feeds_list.append(feeds)
     return feeds_list
+
+
+def _check_memory(metas: Sequence[InputMeta], shapes: dict[str, tuple[int, ...]], iterations: int) -> None:
+    """Refuse, before allocating, input sets that cannot fit in the memory available (a typo in --input-shapes
+    such as x:[100000,100000,100000] would otherwise end in MemoryError, or in the OOM killer)."""
+    import math
+
+    stored = sum(math.prod(shapes[m.name]) * np.dtype(m.dtype).itemsize for m in metas) * iterations
+    scratch = max((math.prod(shapes[m.name]) * 8 for m in metas), default=0)  # the float64 draw of one input
+    need = stored + scratch
+    available = available_memory()
+    if available is not None and need > available:
+        sizes = ", ".join(f"{m.name}:{list(shapes[m.name])}" for m in metas)
+        raise UsageError(f"the generated inputs need {_bytes(need)} ({sizes}, {iterations} set(s)) but only "
+                         f"{_bytes(available)} of memory is available; check --input-shapes and --iterations")
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available now (Linux MemAvailable; else physical pages free), or None when unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n:.3g} {unit}"
+        n /= 1024
+    return f"{n:.3g} EiB"
 
 
 def warn_integer_default_range(metas: Sequence[InputMeta], val_range: dict[str | None, tuple[float, float]]) -> None:
@@ -223,10 +263,11 @@ def inputs_digest(feeds_list: Sequence[Feeds]) -> str:
 def feeds_digest(feeds) -> str:
     """A content digest of one input set (names, dtypes, shapes, bytes)."""
     h = hashlib.sha256()
+    import json
+
     for name in sorted(feeds):
         a = np.ascontiguousarray(feeds[name])
-        h.update(name.encode())
-        h.update(str(a.dtype).encode())
-        h.update(str(a.shape).encode())
+        # framed: a JSON header with the byte count, then the bytes (no two input sets can share a digest)
+        h.update(json.dumps([name, str(a.dtype), list(a.shape), a.nbytes], ensure_ascii=True).encode() + b"\n")
         h.update(a.tobytes())
     return h.hexdigest()

@@ -109,9 +109,8 @@ class CheckJournal:
             return v
         if self.sqlite is None or not self.sqlite.resume:
             return None
-        row = self.sqlite.db.execute("SELECT verdict FROM evaluations WHERE key=? AND plan=?",
-                                     (self.sqlite.key, plan.key())).fetchone()
-        return None if row is None else self._usable(CheckVerdict.from_json(json.loads(row[0])))
+        doc = self.sqlite.lookup_json(plan)  # checksummed rows only (journal.py)
+        return None if doc is None else self._usable(CheckVerdict.from_json(doc))
 
     def record(self, plan: Plan, verdict: Verdict) -> None:
         if self.sqlite is not None:
@@ -129,6 +128,9 @@ class CheckOracle(Oracle):
     working directory, where the user's command expects it (`parallel_safe = False` tells a parallel driver)."""
 
     parallel_safe = False
+    # the final set's stored verdict is reported as is: re-running the user's check command on a fully replayed
+    # search is what a resumed debug run promises not to do (its journal rows are checksummed like the oracle's)
+    confirm_final = False
 
     def __init__(self, checker: Checker, candidates: Sequence[str], journal: CheckJournal | None = None,
                  budget: Budget | None = None, on_verdict: Callable[[Verdict], None] | None = None,

@@ -63,11 +63,13 @@ def run_search(
     stop_reason = None
     # All-FP32 first: if even that fails, no FP32 set can help and the user needs the reason, not a search.
     try:
-        top = oracle.evaluate(frozenset(candidates))
+        # judged even when --time-limit is already spent (setup took it): without it nothing can be reported
+        top = oracle.evaluate(frozenset(candidates), count=False)
     except BudgetExhausted as exc:
         raise AccuracyFailure(f"the budget ran out before any evaluation ({exc})") from None
     if not top.passed:
         worst = ", ".join(
+            f"{n} ({r.reason})" if r.reason else
             f"{n} (needs abs {r.required_abs:.3g} / rel {r.required_rel:.3g}; tolerance {r.atol:g}/{r.rtol:g})"
             for n, r in top.outputs.items() if not r.passed
         )
@@ -98,7 +100,9 @@ def run_search(
     unknown = answer.difference(candidates)
     if unknown:
         raise UsageError(f"strategy {strategy_name!r} returned names that are not candidates: {sorted(unknown)}")
-    verdict = oracle.evaluate(answer, count=False)
+    # The reported verdict is judged in this run: one from the journal of an earlier run is judged again (skipped
+    # only when --time-limit is spent; the journal's rows are checksummed either way).
+    verdict = oracle.evaluate(answer, count=False) if oracle.budget.spent() else oracle.confirm(answer)
     minimal = verdict.passed and stop_reason is None and not removable(oracle, answer, judge_missing=False)
     return SearchResult(
         fp32=answer,

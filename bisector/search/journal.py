@@ -4,12 +4,23 @@ Entries are keyed by everything that decides a verdict — model digest, inputs 
 its options, tolerances, tool version — plus the plan. A resumed search replays the (deterministic) strategy and
 gets each repeated plan from here; entries under other keys are kept, never overwritten. A kill -9 loses at most
 the evaluation in flight: each verdict is its own committed transaction.
+
+Keys are unambiguous: the journal key is the sha256 of the description as canonical JSON, the plan key a JSON list
+of names (`Plan.key`), so no name (with commas, quotes, newlines) can make two different entries share a key.
+
+Trust: the file is checked on open (`PRAGMA quick_check`); a damaged file is a UsageError (exit 2) naming it and
+saying what to do — delete it, or run with `--no-resume`, which sets the damaged file aside (`*.corrupt-<time>`)
+and starts a new journal. Every row carries a sha256 of (key, plan, verdict JSON): a row whose checksum does not
+match (or whose verdict does not parse, or is for another plan) is never used — it is judged again and replaced,
+with a warning.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import os
 import sqlite3
 import time
 from pathlib import Path
@@ -19,6 +30,8 @@ from bisector.errors import UsageError
 from bisector.search.judge import Verdict
 from bisector.fp16.plan import Plan
 
+log = logging.getLogger("bisector")
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS evaluations (
     key TEXT NOT NULL,
@@ -26,6 +39,7 @@ CREATE TABLE IF NOT EXISTS evaluations (
     passed INTEGER NOT NULL,
     verdict TEXT NOT NULL,
     created REAL NOT NULL,
+    checksum TEXT,
     PRIMARY KEY (key, plan)
 );
 CREATE TABLE IF NOT EXISTS keys (key TEXT PRIMARY KEY, description TEXT NOT NULL);
@@ -36,6 +50,16 @@ def journal_key(description: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(description, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def row_checksum(key: str, plan: str, verdict: str) -> str:
+    """sha256 of the row's fields, framed as a JSON list (no concatenation ambiguity)."""
+    return hashlib.sha256(json.dumps([key, plan, verdict], ensure_ascii=False).encode("utf-8", "surrogatepass")
+                          ).hexdigest()
+
+
+class JournalCorrupt(UsageError):
+    pass
+
+
 class SqliteJournal:
     def __init__(self, path: Path, description: dict[str, Any], resume: bool = True):
         self.path = Path(path)
@@ -44,27 +68,117 @@ class SqliteJournal:
         self.resume = resume
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"cannot create the journal's directory {self.path.parent}: "
+                             f"{exc.strerror or exc} (--cache-dir)") from None
+        try:
+            self._open()
+        except JournalCorrupt:
+            if resume:
+                raise
+            self._set_aside()
+            self._open()
+
+    def _open(self) -> None:
+        try:
             self.db = sqlite3.connect(str(self.path), timeout=30, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise UsageError(f"cannot open the journal {self.path}: {exc} (--cache-dir)") from None
+        try:
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across a killed process
+            check = [r[0] for r in self.db.execute("PRAGMA quick_check").fetchall()]
+            if check != ["ok"]:
+                raise sqlite3.DatabaseError(" ".join(" ".join(str(c).split()) for c in check[:2]))
             self.db.executescript(SCHEMA)
+            columns = {r[1] for r in self.db.execute("PRAGMA table_info(evaluations)")}
+            if "checksum" not in columns:  # a journal of an earlier version: its rows are re-judged, then replaced
+                self.db.execute("ALTER TABLE evaluations ADD COLUMN checksum TEXT")
             self.db.execute("INSERT OR IGNORE INTO keys VALUES (?, ?)",
-                            (self.key, json.dumps(description, sort_keys=True, default=str)))
-        except sqlite3.Error as exc:
-            raise UsageError(f"cannot open the journal {self.path}: {exc}") from None
+                            (self.key, json.dumps(self.description, sort_keys=True, default=str)))
+        except sqlite3.DatabaseError as exc:
+            self.db.close()
+            raise self._error(exc) from None
+
+    def _error(self, exc: sqlite3.DatabaseError) -> UsageError:
+        """A damaged file (DatabaseError proper) or an environment problem (OperationalError: read-only, locked,
+        disk full), each with what to do."""
+        if isinstance(exc, sqlite3.OperationalError) and "malformed" not in str(exc):
+            full = "full" in str(exc).lower()
+            return UsageError(f"cannot use the journal {self.path}: {'the disk is full' if full else exc}; free space "
+                              "or choose another --cache-dir (or run with --no-cache)")
+        return self._corrupt(exc)
+
+    def _corrupt(self, exc: Exception) -> JournalCorrupt:
+        return JournalCorrupt(
+            f"the journal {self.path} is damaged ({exc}); delete it (rm '{self.path}'), or run with --no-resume "
+            "to set it aside and start a new one (finished evaluations in it are then judged again)")
+
+    def _set_aside(self) -> None:
+        aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
+        for suffix in ("", "-wal", "-shm"):
+            src = Path(str(self.path) + suffix)
+            if src.exists():
+                try:
+                    os.replace(src, Path(str(aside) + suffix))
+                except OSError as exc:
+                    raise UsageError(f"cannot set the damaged journal {self.path} aside: {exc.strerror or exc}; "
+                                     "delete it") from None
+        log.warning("the journal %s was damaged: set aside as %s, starting a new one", self.path, aside)
 
     def lookup(self, plan: Plan) -> Verdict | None:
+        doc = self.lookup_json(plan)
+        if doc is None:
+            return None
+        try:
+            verdict = Verdict.from_json(doc)
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("journal %s: unreadable entry for plan %s (%s): judging it again", self.path, plan.key()[:80],
+                        exc)
+            return None
+        if verdict.fp32 != plan.fp32:
+            log.warning("journal %s: the entry for plan %s is for another plan: judging it again", self.path,
+                        plan.key()[:80])
+            return None
+        return verdict
+
+    def lookup_json(self, plan: Plan) -> dict | None:
+        """The stored verdict of `plan` as JSON, only when its row's checksum holds (None: absent, not resuming,
+        or not trusted — then it is judged again and the row replaced)."""
         if not self.resume:
             return None
-        row = self.db.execute("SELECT verdict FROM evaluations WHERE key=? AND plan=?", (self.key, plan.key())).fetchone()
-        return None if row is None else Verdict.from_json(json.loads(row[0]))
+        key = plan.key()
+        try:
+            row = self.db.execute("SELECT verdict, checksum FROM evaluations WHERE key=? AND plan=?",
+                                  (self.key, key)).fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise self._error(exc) from None
+        if row is None:
+            return None
+        text, checksum = row
+        if checksum != row_checksum(self.key, key, text):
+            why = "no checksum (an earlier version's row)" if checksum is None else "checksum mismatch"
+            log.warning("journal %s: the entry for plan %s is not trusted (%s): judging it again", self.path,
+                        key[:80], why)
+            return None
+        try:
+            doc = json.loads(text)
+        except ValueError as exc:
+            log.warning("journal %s: unreadable entry for plan %s (%s): judging it again", self.path, key[:80], exc)
+            return None
+        return doc if isinstance(doc, dict) else None
 
     def record(self, plan: Plan, verdict: Verdict) -> None:
-        # Same key and plan: a --no-resume run re-judged it; the newer verdict replaces the older one.
-        self.db.execute(
-            "INSERT OR REPLACE INTO evaluations VALUES (?, ?, ?, ?, ?)",
-            (self.key, plan.key(), int(verdict.passed), json.dumps(verdict.to_json()), time.time()),
-        )
+        # Same key and plan: a --no-resume run (or a distrusted row) re-judged it; the newer verdict replaces it.
+        key, text = plan.key(), json.dumps(verdict.to_json())
+        try:
+            self.db.execute(
+                "INSERT OR REPLACE INTO evaluations (key, plan, passed, verdict, created, checksum) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (self.key, key, int(verdict.passed), text, time.time(), row_checksum(self.key, key, text)),
+            )
+        except sqlite3.DatabaseError as exc:
+            raise self._error(exc) from None
 
     def count(self) -> int:
         return self.db.execute("SELECT COUNT(*) FROM evaluations WHERE key=?", (self.key,)).fetchone()[0]

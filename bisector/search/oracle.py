@@ -35,6 +35,8 @@ class Journal(Protocol):
 
 
 class Oracle:
+    confirm_final = True  # `confirm`: judge a final set whose verdict came from the journal again
+
     def __init__(
         self,
         backend: Backend,
@@ -105,6 +107,28 @@ class Oracle:
         if self.on_verdict is not None:
             self.on_verdict(verdict)
         return verdict
+
+    def confirm(self, fp32: frozenset[str]) -> Verdict:
+        """The verdict of `fp32`, judged by the backend in this process: a verdict that came from the journal of an
+        earlier run is judged again (not counted as an evaluation; the journal entry is replaced). The final set
+        of a search is reported from this, so it never rests on a stored verdict alone."""
+        fp32 = frozenset(fp32)
+        known = self.evaluate(fp32, count=False)
+        if known.source != "journal" or not self.confirm_final:
+            return known
+        plan = Plan(fp32, self.candidates)
+        fresh = self._judge(plan)
+        if fresh.passed != known.passed:
+            import logging
+
+            logging.getLogger("bisector").warning(
+                "the journal's verdict for the final set (%s) differs from judging it now (%s): the backend is not "
+                "deterministic, or the journal is stale; reporting the fresh verdict",
+                "pass" if known.passed else "fail", "pass" if fresh.passed else "fail")
+        if self.journal is not None:
+            self.journal.record(plan, fresh)
+        self.verdicts[fp32] = fresh
+        return fresh
 
     def _judge(self, plan: Plan) -> Verdict:
         return judge(self.backend, plan, self.feeds_list, self.golden, self.tolerance)

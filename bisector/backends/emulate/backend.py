@@ -17,20 +17,21 @@ import onnxruntime as ort
 
 from bisector import __version__
 from bisector.model.catalog import Catalog
-from bisector.backends.emulate.executor import NodeExecutor, Overlay, feeds_digest
+from bisector.backends.emulate.executor import NodeExecutor, Overlay
+from bisector.fp16 import rules
 from bisector.fp16.arithmetic import check_mode, rules_tag
-from bisector.fp16.rules import round_activation, round_activation_bf16, round_weight, round_weight_bf16
-from bisector.model.optable import PRESERVES_FP16
 from bisector.fp16.plan import Plan
+from bisector.fp16.points import rounding_points
+from bisector.model.inputs import feeds_digest
 
 
 class EmulateBackend:
     name = "emulate"
 
-    def __init__(self, threads: int = 0, reference_cache_size: int = 8, block_size: int = 8,
+    def __init__(self, threads: int = 0, reference_cache_size: int = 8, block_size: int | None = None,
                  arithmetic: str = "storage", storage: str = "fp16"):
         self.arithmetic = check_mode(arithmetic)
-        if storage not in ("fp16", "bf16"):
+        if storage not in rules.STORAGES:
             raise ValueError(f"storage {storage!r}: fp16 or bf16")
         self.storage = storage  # what the plan's non-FP32 nodes store: FP16 (default) or BF16 (`run --trt --bf16`)
         self.block_size = block_size
@@ -41,28 +42,24 @@ class EmulateBackend:
         self._references: dict[str, dict[str, np.ndarray]] = {}
         self._boundaries: dict[str, dict[str, np.ndarray]] = {}
         self._feeds_keys: dict[int, tuple[Mapping[str, np.ndarray], str]] = {}
-        self._rounded_weights: dict[str, np.ndarray] = {}
 
     # ---- protocol ------------------------------------------------------------------------------------------
     def open(self, catalog: Catalog) -> None:
         self.catalog = catalog
-        import onnx
-
-        half = onnx.TensorProto.BFLOAT16 if self.storage == "bf16" else onnx.TensorProto.FLOAT16
         self.executor = NodeExecutor(catalog, threads=self.threads, block_size=self.block_size,
-                                     arithmetic=self.arithmetic, half=half)
+                                     arithmetic=self.arithmetic, storage=self.storage)
         self._references.clear()
         self._boundaries.clear()
         self._feeds_keys.clear()
-        self._rounded_weights.clear()
 
     def describe(self) -> dict[str, str]:
-        rules = rules_tag(self.arithmetic) if self.storage == "fp16" else f"bf16-{rules_tag(self.arithmetic)}"
-        return {"backend": self.name, "onnxruntime": ort.__version__, "rules": rules, "bisector": __version__}
+        tag = rules_tag(self.arithmetic)
+        return {"backend": self.name, "onnxruntime": ort.__version__,
+                "rules": tag if self.storage == "fp16" else f"bf16-{tag}", "bisector": __version__}
 
     def close(self) -> None:
         self.executor = None
-        for cache in (self._references, self._boundaries, self._feeds_keys, self._rounded_weights):
+        for cache in (self._references, self._boundaries, self._feeds_keys):
             cache.clear()
 
     def run(self, plan: Plan, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
@@ -107,16 +104,12 @@ class EmulateBackend:
             ref = self._boundaries[key] = self.executor.run_reference(feeds, boundary_only=True)
         return ref
 
-    def _evaluate(self, plan: Plan, feeds: Mapping[str, np.ndarray], fused: bool) -> dict[str, np.ndarray]:
+    def _evaluate(self, plan: Plan, feeds: Mapping[str, np.ndarray], fused: bool) -> Mapping[str, np.ndarray]:
         ref = self._boundary_reference(feeds) if fused else self.reference(feeds)
-        fp16 = plan.fp16
-        if not fp16:
+        points = rounding_points(self.catalog, plan)
+        if not points.fp16:
             return ref
-        changed = self.executor.run_changed(
-            ref, fp16, read_input=lambda n, i, t, v: self._read(fp16, n, i, t, v),
-            round_outputs=lambda n: n in fp16 and self.catalog.nodes[n].op_type not in PRESERVES_FP16, fused=fused,
-        )
-        return Overlay(changed, ref)
+        return Overlay(self.executor.run_changed(ref, points, fused=fused), ref)
 
     def run_node(self, fp16: frozenset[str], node: str, tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One node under the rules, its inputs taken from `tensors` (e.g. the FP32 reference).
@@ -124,48 +117,7 @@ class EmulateBackend:
         `fp16` is the plan's FP16 set: the node reads its inputs and stores its outputs exactly as it would
         inside `run_all`. Returns its outputs (as stored) by tensor name. Used by `profile` for local errors.
         """
-        cat = self.catalog
-        proto = cat.nodes[node]
-        inputs = cat.node_inputs(node)
-        explicit_idx = [i for i, t in enumerate(proto.input) if t]
-        values, rounded = [], []
-        for pos, t in enumerate(inputs):
-            idx = explicit_idx[pos] if pos < len(explicit_idx) else None
-            v, r = self._read(fp16, node, idx, t, tensors[t])
-            if r and idx is None:  # outer-scope value: rounded here, no Cast reaches into a subgraph
-                v, r = self._round(v), False
-            values.append(v)
-            rounded.append(r)
-        names = [o for o in proto.output if o]
-        round_out = tuple(node in fp16 and (tensors[o].dtype == np.float32 if o in tensors else cat.is_float(o))
-                          for o in names)
-        outs = self.executor.run_node(proto, values, tuple(rounded), round_out)
-        return dict(zip(names, outs))
-
-    def read_input(self, fp16: frozenset[str], node: str, index: int | None, tensor: str, value: np.ndarray) -> np.ndarray:
-        """What `node` reads for `tensor` (explicit input `index`, None for outer-scope values) under `fp16`."""
-        v, r = self._read(fp16, node, index, tensor, value)
-        return self._round(v) if r else v
-
-    def _round(self, v: np.ndarray) -> np.ndarray:
-        return round_activation_bf16(v) if self.storage == "bf16" else round_activation(v)
-
-    # ---- the rules of DESIGN §4 ------------------------------------------------------------------------------
-    def _read(self, fp16: frozenset[str], node: str, index: int | None, tensor: str, value: np.ndarray):
-        """(what an input of `node` holds, whether it is rounded to FP16 on entry); outputs: every float output
-        of an FP16 node is stored as FP16."""
-        if node not in fp16 or value.dtype != np.float32:
-            return value, False
-        cat = self.catalog
-        if index is not None and cat.is_parameter(node, index):
-            return value, False  # shapes, scales, bounds: never data
-        if tensor in cat.weights:
-            w = self._rounded_weights.get(tensor)
-            if w is None:
-                w = self._rounded_weights[tensor] = (round_weight_bf16(value) if self.storage == "bf16"
-                                                     else round_weight(value))
-            return w, False
-        producer = cat.producers.get(tensor)
-        if producer is not None and producer in fp16:
-            return value, False  # already stored in FP16 by its producer
-        return value, True
+        proto = self.catalog.nodes[node]
+        spec = self.executor.spec(proto, rounding_points(self.catalog, fp16), tensors)
+        outs = self.executor.run_node(proto, [tensors[t] for t in self.catalog.node_inputs(node)], *spec)
+        return dict(zip([o for o in proto.output if o], outs))

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from bisector.cli.options import (JsonOut, JunitOut, Verbose, human_output, json_to_stdout, setup_logging,
+from bisector.cli.options import (raw_stream, safe_table, JsonOut, JunitOut, Verbose, human_output, json_to_stdout, setup_logging,
                                   write_json)
 from bisector.errors import UsageError
 
@@ -45,14 +45,15 @@ def batch(
         if m.exit_code != 0 and (m.regression or m.error or not m.outputs or m.missing_nodes):
             suite.cases.append(api.Case(m.name, m.mode, False, m.regression or m.error or f"{m.mode} failed ({m.status})",
                                     m.seconds, error=m.exit_code in (2, 3)))
-    table = Table(title=f"bisector batch: {Path(config).name}")
+    table = safe_table(title=f"bisector batch: {Path(config).name}")
     for col in ("model", "mode", "status", "FP32 nodes", "seconds"):
         table.add_column(col)
     for m in result.models:
         table.add_row(m.name, m.mode, m.status, "-" if m.fp32_nodes is None else str(len(m.fp32_nodes)),
                       f"{m.seconds:.1f}")
     say = human_output(json_out)
-    Console(stderr=json_to_stdout(json_out)).print(table)
+    Console(file=raw_stream(sys.stderr if json_to_stdout(json_out) else sys.stdout), markup=False,
+            highlight=False).print(table)
     for m in result.models:
         if m.regression:
             say(f"{m.name}: {m.regression}")

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from bisector.app import api
-from bisector.cli.options import JsonOut, Model, Verbose, setup_logging, write_json
+from bisector.cli.options import raw_stream, safe_table, JsonOut, Model, Verbose, setup_logging, write_json
 
 
 def inspect(
@@ -103,14 +103,18 @@ def _print(doc: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(file=sys.stdout)
+    console = Console(file=raw_stream(sys.stdout), markup=False, highlight=False)
     if not console.is_terminal:
-        console = Console(file=sys.stdout, width=160)
-    console.print(f"[bold]{doc['model']}[/bold]  opset {doc['opset']}, IR {doc['ir_version']}"
-                  + (f", from {doc['producer']}" if doc["producer"] else "")
-                  + f": {doc['nodes_total']} nodes, {len(doc['candidates'])} candidates, {len(doc['pinned'])} pinned")
+        console = Console(file=raw_stream(sys.stdout), width=160, markup=False, highlight=False)
+    from rich.text import Text
 
-    t = Table(title="Graph inputs and outputs")
+    from bisector.cli.options import plain
+
+    console.print(Text.assemble((plain(str(doc['model'])), "bold"), f"  opset {doc['opset']}, IR {doc['ir_version']}"
+                  + (f", from {doc['producer']}" if doc["producer"] else "")
+                  + f": {doc['nodes_total']} nodes, {len(doc['candidates'])} candidates, {len(doc['pinned'])} pinned"))
+
+    t = safe_table(title="Graph inputs and outputs")
     for col in ("kind", "name", "dtype", "shape"):
         t.add_column(col)
     for kind in ("inputs", "outputs"):
@@ -118,7 +122,7 @@ def _print(doc: dict[str, Any]) -> None:
             t.add_row(kind[:-1], x["name"], x["dtype"], "dynamic" if x["shape"] is None else str(x["shape"]))
     console.print(t)
 
-    t = Table(title="Op histogram")
+    t = safe_table(title="Op histogram")
     for col, just in (("op", "left"), ("nodes", "right"), ("candidates", "right"), ("pinned", "right"), ("skipped", "right")):
         t.add_column(col, justify=just)
     for h in doc["op_histogram"]:
@@ -126,7 +130,7 @@ def _print(doc: dict[str, Any]) -> None:
     console.print(t)
 
     if doc["pinned"]:
-        t = Table(title="Pinned nodes (kept FP32, not searched)")
+        t = safe_table(title="Pinned nodes (kept FP32, not searched)")
         for col in ("node", "op", "reason"):
             t.add_column(col)
         ops = {n["name"]: n["op"] for n in doc["nodes"]}
@@ -136,7 +140,7 @@ def _print(doc: dict[str, Any]) -> None:
     else:
         console.print("Pinned nodes: none")
 
-    t = Table(title=f"Candidates in topological order ({len(doc['candidates'])})")
+    t = safe_table(title=f"Candidates in topological order ({len(doc['candidates'])})")
     for col, just in (("#", "right"), ("node", "left"), ("op", "left"), ("TensorRT layer", "left"), ("name from", "left")):
         t.add_column(col, justify=just)
     for k, n in enumerate(x for x in doc["nodes"] if x["status"] == "candidate"):

@@ -27,7 +27,10 @@ def precision(model: Model, fp16: Fp16 = True, output_dir: OutputDir = Path("bis
     from bisector.app import api
     from bisector.cli.progress import SearchProgress
 
+    from bisector.cli.options import refuse_outputs_onto
+
     setup_logging(verbose)
+    refuse_outputs_onto(model, json=json_out, junit=junit, save_inputs=opts[Inputs].save_inputs)  # before the search
     s = opts[Search]
     display = SearchProgress(live=None if progress else False, max_evals=s.max_evals, time_limit=s.time_limit)
     r = api.precision(model, output_dir=output_dir, plot=plot, progress=display, inputs=opts[Inputs],

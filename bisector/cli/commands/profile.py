@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from bisector.app.options import Cache, Inputs, Tolerances
-from bisector.cli.options import (ConstraintsIn, Fp16, Fp32Nodes, JsonOut, Model, Verbose, command, setup_logging,
+from bisector.cli.options import (raw_stream, safe_table, ConstraintsIn, Fp16, Fp32Nodes, JsonOut, Model, Verbose, command, setup_logging,
                                   write_json)
 from bisector.errors import UsageError
 
@@ -53,7 +53,7 @@ def _print_table(nodes: list[dict], highlight: frozenset[str], top: int) -> None
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"FP16 sensitivity, top {min(top, len(nodes))} of {len(nodes)} (score > 1: fails on its own)")
+    table = safe_table(title=f"FP16 sensitivity, top {min(top, len(nodes))} of {len(nodes)} (score > 1: fails on its own)")
     for col, just in (("rank", "right"), ("node", "left"), ("FP32", "center"), ("op", "left"), ("score", "right"), ("local", "right"),
                       ("downstream (via)", "left"), ("overflow", "right"), ("underflow", "right"), ("NaN", "right")):
         table.add_column(col, justify=just)
@@ -62,7 +62,7 @@ def _print_table(nodes: list[dict], highlight: frozenset[str], top: int) -> None
         via = f"{r['downstream']:.3g}" + (f" ({r['via']})" if r["via"] else "")
         table.add_row(str(r["rank"]), r["name"], "yes" if r["name"] in highlight else "", r["op"], f"{r['score']:.3g}", f"{r['local']:.3g}", via,
                       str(r["overflow"]), str(r["underflow"]), str(r["nan"]), style=style)
-    console = Console(file=sys.stdout)
+    console = Console(file=raw_stream(sys.stdout), markup=False, highlight=False)
     if not console.is_terminal:
-        console = Console(file=sys.stdout, width=160)
+        console = Console(file=raw_stream(sys.stdout), width=160, markup=False, highlight=False)
     console.print(table)

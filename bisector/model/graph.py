@@ -1,0 +1,172 @@
+"""Graph walking, in one place: subgraphs of If/Loop/Scan, outer-scope reads, consumer maps, Constant values.
+
+Plain functions over the ONNX protobuf that every other module shares (catalog, emulate executor, mixed writer,
+sensitivity profile, TensorRT layer matching); none of them walks subgraphs or builds a consumer map itself.
+onnx-graphsurgeon and onnx-ir would each need a conversion of the whole model (and of its weights) on every load
+for the handful of walks below, so this stays a small module on the protobuf the rest of the code holds.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Iterator, Mapping, Sequence
+
+import numpy as np
+import onnx
+
+from bisector.errors import BackendFailure
+
+_GRAPH_ATTRS = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+
+
+# ---- subgraphs -------------------------------------------------------------------------------------------------
+def subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """The node's own subgraphs (If branches, Loop/Scan bodies), not nested ones."""
+    out: list[onnx.GraphProto] = []
+    for a in node.attribute:
+        if a.type == onnx.AttributeProto.GRAPH:
+            out.append(a.g)
+        elif a.type == onnx.AttributeProto.GRAPHS:
+            out.extend(a.graphs)
+    return out
+
+
+def has_subgraph(node: onnx.NodeProto) -> bool:
+    return any(a.type in _GRAPH_ATTRS for a in node.attribute)
+
+
+def inner_nodes(node: onnx.NodeProto) -> Iterator[onnx.NodeProto]:
+    """Every node inside the node's subgraphs, nested ones included, depth first."""
+    for g in subgraphs(node):
+        for n in g.node:
+            yield n
+            yield from inner_nodes(n)
+
+
+def outer_scope_inputs(node: onnx.NodeProto) -> tuple[str, ...]:
+    """Names a node's subgraphs read from the enclosing scope (free variables), in first-use order."""
+    free: list[str] = []
+
+    def visit(graph: onnx.GraphProto, bound: set[str]) -> None:
+        bound = bound | {i.name for i in graph.input} | {i.name for i in graph.initializer}
+        for n in graph.node:
+            for t in n.input:
+                if t and t not in bound and t not in free:
+                    free.append(t)
+            for g in subgraphs(n):
+                visit(g, bound)
+            bound |= set(n.output)
+        for o in graph.output:
+            if o.name not in bound and o.name not in free:
+                free.append(o.name)
+
+    for g in subgraphs(node):
+        visit(g, set())
+    return tuple(free)
+
+
+def graph_reads(graph: onnx.GraphProto) -> set[str]:
+    """Every name a graph (and its subgraphs) reads, plus its outputs."""
+    names = {o.name for o in graph.output}
+    for n in graph.node:
+        names.update(n.input)
+        for g in subgraphs(n):
+            names.update(graph_reads(g))
+    return names
+
+
+def rename_free(graph: onnx.GraphProto, mapping: Mapping[str, str]) -> None:
+    """Rename reads of outer-scope names in `graph` and its nested subgraphs (ONNX forbids shadowing)."""
+    bound = {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    m = {k: v for k, v in mapping.items() if k not in bound}
+    for n in graph.node:
+        for i, t in enumerate(n.input):
+            if t in m:
+                n.input[i] = m[t]
+        for g in subgraphs(n):
+            rename_free(g, m)
+    for o in graph.output:
+        if o.name in m:  # a branch that returns an outer value as is
+            o.name = m[o.name]
+
+
+# ---- reads and consumers ---------------------------------------------------------------------------------------
+def node_reads(node: onnx.NodeProto, outer: Sequence[str] = ()) -> list[tuple[str, int | None]]:
+    """(tensor, explicit input index) for each non-empty input, then (tensor, None) for each outer-scope read."""
+    return [(t, i) for i, t in enumerate(node.input) if t] + [(t, None) for t in outer]
+
+
+def consumers(nodes: Sequence[onnx.NodeProto], outer: Mapping[str, Sequence[str]] | None = None,
+              ) -> dict[str, list[tuple[onnx.NodeProto, int | None]]]:
+    """tensor -> (reader, explicit input index or None for an outer-scope read), readers in the given order.
+
+    A node that reads a tensor in several slots appears once per slot."""
+    out: dict[str, list[tuple[onnx.NodeProto, int | None]]] = {}
+    for node in nodes:
+        for t, i in node_reads(node, (outer or {}).get(node.name, ())):
+            out.setdefault(t, []).append((node, i))
+    return out
+
+
+# ---- values ----------------------------------------------------------------------------------------------------
+def constant_value(node: onnx.NodeProto) -> np.ndarray:
+    """The value of a Constant node."""
+    for attr in node.attribute:
+        if attr.name == "value":
+            return onnx.numpy_helper.to_array(attr.t)
+        if attr.name == "value_float":
+            return np.array(attr.f, dtype=np.float32)
+        if attr.name == "value_floats":
+            return np.array(list(attr.floats), dtype=np.float32)
+        if attr.name == "value_int":
+            return np.array(attr.i, dtype=np.int64)
+        if attr.name == "value_ints":
+            return np.array(list(attr.ints), dtype=np.int64)
+        if attr.name == "value_string":
+            return np.array(attr.s.decode())
+        if attr.name == "value_strings":
+            return np.array([s.decode() for s in attr.strings])
+    raise BackendFailure(f"Constant node {node.name!r} has an attribute we cannot read")
+
+
+def weight_values(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
+    """Initializers and Constant node outputs by name (DESIGN §4: a Constant is a weight)."""
+    values = {i.name: onnx.numpy_helper.to_array(i) for i in graph.initializer}
+    values.update({n.output[0]: constant_value(n) for n in graph.node if n.op_type == "Constant"})
+    return values
+
+
+def copy_without_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of `model` with an empty initializer list (the weights are neither copied nor serialised)."""
+    graph = model.graph
+    saved = list(graph.initializer)
+    del graph.initializer[:]  # swapped out for the copy, put back right after
+    try:
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+    finally:
+        graph.initializer.extend(saved)
+    return copy
+
+
+def unique_node_names(nodes: Iterable[onnx.NodeProto]) -> list[str]:
+    """A unique, stable name per node: its own, else TensorRT's parser name `node_of_<first output>` (else
+    `<op>_<i>`), with `_<k>` added to repeats. The nodes are not changed."""
+    nodes = list(nodes)
+    taken = {n.name for n in nodes if n.name}
+    seen: set[str] = set()
+    names = []
+    for i, node in enumerate(nodes):
+        name = node.name
+        if not name or name in seen:
+            base = name or (f"node_of_{node.output[0]}" if node.output and node.output[0] else f"{node.op_type}_{i}")
+            name, k = base, 1
+            while name in seen or (name != node.name and name in taken):
+                name = f"{base}_{k}"
+                k += 1
+        seen.add(name)
+        names.append(name)
+    return names
+
+
+def nonempty(names) -> list[str]:
+    return [n for n in names if n]

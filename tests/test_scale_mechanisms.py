@@ -1,0 +1,87 @@
+"""Mechanisms behind bounded memory and per-evaluation cost on large models (the targets themselves are checked by
+bench/scale.py, not by timed tests): spilled reference tensors, large fused blocks with cached specs, one arena."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bisector.backends.emulate.backend import EmulateBackend
+from bisector.backends.emulate.executor import auto_block_size
+from bisector.fp16.plan import Plan
+from bisector.model.catalog import Catalog
+
+from .conftest import PLANTED
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from scale import chain_model  # noqa: E402
+
+
+def _plans(cat: Catalog, n: int, seed: int = 0) -> list[Plan]:
+    rng = np.random.default_rng(seed)
+    return [Plan(frozenset(c for c in cat.candidates if rng.random() < p), cat.candidates)
+            for p in np.linspace(0.05, 0.95, n)]
+
+
+def test_spilled_reference_tensors_give_identical_outputs(monkeypatch):
+    cat = Catalog.load(PLANTED)
+    x = {"x": np.random.default_rng(0).uniform(0, 1, (1, 4, 16, 16)).astype(np.float32)}
+    plain = EmulateBackend()
+    plain.open(cat)
+    expected = [plain.run(p, x)["y"] for p in _plans(cat, 6)]
+    monkeypatch.setenv("BISECTOR_ARRAY_SWAP_THRESHOLD_MB", "0")
+    spilled = EmulateBackend()
+    spilled.open(cat)
+    got = [spilled.run(p, x)["y"] for p in _plans(cat, 6)]
+    boundary = next(iter(spilled._boundaries.values()))
+    assert any(isinstance(v, np.memmap) for k, v in boundary.items() if k not in spilled.executor.weights)
+    for e, g in zip(expected, got):
+        np.testing.assert_array_equal(e, g)
+
+
+def test_large_blocks_with_cached_specs_agree_with_node_by_node():
+    model, planted = chain_model(300, width=16)
+    cat = Catalog.from_model(model)
+    be = EmulateBackend(block_size=64)
+    be.open(cat)
+    assert len(be.executor.blocks) == 5
+    x = {"x": np.random.default_rng(1).uniform(1, 2, (1, 16)).astype(np.float32)}
+    plans = _plans(cat, 5) + [Plan(frozenset(planted), cat.candidates)]
+    for plan in plans:
+        np.testing.assert_allclose(be.run(plan, x)["y"], be.run_all(plan, x)["y"], rtol=1e-6, atol=1e-6)
+    built = be.executor.sessions_built
+    for plan in plans:  # the same plans again: specs and sessions come from the caches
+        be.run(plan, x)
+    assert be.executor.sessions_built == built
+
+
+def test_sessions_share_one_arena():
+    cat = Catalog.load(PLANTED)
+    be = EmulateBackend()
+    be.open(cat)
+    assert be.executor._opts.get_session_config_entry("session.use_env_allocators") == "1"
+
+
+@pytest.mark.parametrize("nodes,size", [(30, 8), (2048, 8), (2049, 9), (20000, 79)])
+def test_auto_block_size(nodes, size):
+    assert auto_block_size(nodes) == size
+
+
+def test_session_variants_are_bounded_and_evicted_ones_rebuild_identically():
+    model, _ = chain_model(300, width=16)
+    cat = Catalog.from_model(model)
+    x = {"x": np.random.default_rng(2).uniform(1, 2, (1, 16)).astype(np.float32)}
+    plans = _plans(cat, 8, seed=3)
+    free = EmulateBackend(block_size=16)
+    free.open(cat)
+    expected = [free.run(p, x)["y"] for p in plans]
+    tight = EmulateBackend(block_size=16)
+    tight.open(cat)
+    tight.executor.max_sessions = 6
+    for _ in range(2):
+        for p, e in zip(plans, expected):
+            np.testing.assert_array_equal(tight.run(p, x)["y"], e)
+            assert len(tight.executor._sessions) <= 6
