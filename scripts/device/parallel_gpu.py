@@ -88,7 +88,8 @@ def planted_args() -> list[str]:
 
 
 # ---- one search in this process ------------------------------------------------------------------------------
-def one_search(model: str, args: list[str], backend: str, workers: int, fp16_arith: str | None = None) -> dict:
+def one_search(model: str, args: list[str], backend: str, workers: int, fp16_arith: str | None = None,
+               ray: str | None = None) -> dict:
     """precision() as the CLI runs it, with the driver's result (rounds) captured."""
     import bisector.app.precision as P
 
@@ -120,7 +121,10 @@ def one_search(model: str, args: list[str], backend: str, workers: int, fp16_ari
             opts["rtol"] = [val]
         else:
             raise SystemExit(f"unknown flag {flag}")
-    if workers > 1:
+    if ray:  # --ray ADDRESS --workers N: N actors (num_gpus=1 each for ort-cuda)
+        opts["ray"] = ray
+        opts["workers"] = workers
+    elif workers > 1:
         opts["workers"] = workers
     choice = BackendChoice(backend=backend, **({"fp16_arithmetic": fp16_arith} if fp16_arith else {}))
     t0 = time.perf_counter()
@@ -134,7 +138,14 @@ def one_search(model: str, args: list[str], backend: str, workers: int, fp16_ari
 
 
 def cmd_search(a) -> int:
-    res = one_search(a.model, json.loads(a.args), a.backend, a.workers, a.arith)
+    res = one_search(a.model, json.loads(a.args), a.backend, a.workers, a.arith, a.ray or None)
+    if a.ray:
+        try:  # where the actors ran (Ray sets CUDA_VISIBLE_DEVICES per actor)
+            import ray as _ray
+
+            res["ray_version"] = _ray.__version__
+        except ImportError:
+            pass
     Path(a.json).write_text(json.dumps(res, indent=1))
     return 0
 
@@ -184,11 +195,12 @@ class Smi:
 
 
 def run_one(label: str, model: str, args: list[str], backend: str, workers: int, smi_dir: Path, env_extra=None,
-            arith: str | None = None, timeout: int = 400) -> dict:
+            arith: str | None = None, timeout: int = 400, ray: str | None = None) -> dict:
     jf = Path(tempfile.mkstemp(suffix=".json")[1])
     env = {**os.environ, **(env_extra or {})}
     cmd = [PY, __file__, "search", "--model", model, "--args", json.dumps(args), "--backend", backend,
-           "--workers", str(workers), "--json", str(jf), *(["--arith", arith] if arith else [])]
+           "--workers", str(workers), "--json", str(jf), *(["--arith", arith] if arith else []),
+           *(["--ray", ray] if ray else [])]
     smi = Smi(smi_dir / f"smi_{label}.csv")
     t0 = time.perf_counter()
     with smi:
@@ -197,7 +209,7 @@ def run_one(label: str, model: str, args: list[str], backend: str, workers: int,
             rc, err = r.returncode, r.stderr
         except subprocess.TimeoutExpired as e:
             rc, err = "timeout", str(e.stderr)[-500:] if e.stderr else ""
-    res: dict = {"label": label, "backend": backend, "workers": workers, "env": env_extra or {}, "rc": rc,
+    res: dict = {"label": label, "backend": backend, "workers": workers, "ray": ray, "env": env_extra or {}, "rc": rc,
                  "process_wall": round(time.perf_counter() - t0, 2)}
     try:
         res.update(json.loads(jf.read_text()))
@@ -313,13 +325,28 @@ def cmd_all(a) -> int:
     if "emulate" in steps:
         plan += [("detector_emulate_w1", str(det), DETECTOR_ARGS, "emulate", 1, None),
                  ("planted_emulate_w1", planted_onnx, planted_args(), "emulate", 1, None)]
+    h = {"BISECTOR_ORT_CUDA_OPTIONS": "cudnn_conv_algo_search=HEURISTIC"}
+    ray_runs = {  # --ray auto (a Ray head started beforehand: `ray start --head`), N = 1 and 2 actors
+        "ray-planted": [("planted_ort-cuda_ray1", planted_onnx, planted_args(), "ort-cuda", 1, None),
+                        ("planted_ort-cuda_ray2", planted_onnx, planted_args(), "ort-cuda", 2, None)],
+        "ray-heuristic": [("detector_ort-cuda_ray1_heuristic", str(det), DETECTOR_ARGS, "ort-cuda", 1, h),
+                          ("detector_ort-cuda_ray2_heuristic", str(det), DETECTOR_ARGS, "ort-cuda", 2, h)],
+        "ray-detector": [("detector_ort-cuda_ray1", str(det), DETECTOR_ARGS, "ort-cuda", 1, None),
+                         ("detector_ort-cuda_ray2", str(det), DETECTOR_ARGS, "ort-cuda", 2, None)],
+        "base-planted": [("planted_ort-cuda_w1", planted_onnx, planted_args(), "ort-cuda", 1, None)],
+        "base-heuristic": [("detector_ort-cuda_w1_heuristic", str(det), DETECTOR_ARGS, "ort-cuda", 1, h)],
+    }
+    plan = [(*p, False) for p in plan]
+    for st in steps:
+        plan += [(*p, st.startswith("ray-")) for p in ray_runs.get(st, [])]
     deadline = time.time() + a.deadline
-    for label, m, args, backend, w, env in plan:
+    for label, m, args, backend, w, env, use_ray in plan:
         if time.time() > deadline:
             runs.append({"label": label, "skipped": "deadline"})
             print(f"{label}: skipped (deadline)", flush=True)
             continue
-        runs.append(run_one(label, m, args, backend, w, smi_dir, env, timeout=max(20, int(deadline - time.time() + 50))))
+        runs.append(run_one(label, m, args, backend, w, smi_dir, env, timeout=max(20, int(deadline - time.time() + 50)),
+                            ray=a.ray if use_ray else None))
         save()
     if keep is not None:  # all samples in one file (the device returns at most 8 files)
         with open(keep / "smi_samples.csv", "w") as f:
@@ -363,11 +390,14 @@ def main() -> int:
     s.add_argument("--workers", type=int, default=1)
     s.add_argument("--arith", default=None)
     s.add_argument("--json", required=True)
+    s.add_argument("--ray", default="")
     al = sub.add_parser("all")
     al.add_argument("--out", required=True)
     al.add_argument("--smi-dir", default="")
     al.add_argument("--steps", default="inference,planted,detector,heuristic,emulate")
     al.add_argument("--deadline", type=float, default=500)
+    al.add_argument("--ray", default="auto", help="address for the ray-* steps (ray-planted, ray-heuristic, "
+                    "ray-detector; base-planted, base-heuristic: --workers 1 baselines)")
     r = sub.add_parser("report")
     r.add_argument("path")
     a = ap.parse_args()
