@@ -450,3 +450,27 @@ def test_driver_killed_mid_search_with_workers_resumes_from_the_journal(tmp_path
     assert c["fp32_nodes"] == sorted(spec["fp32_nodes"])
     ev = c["evaluations"]
     assert ev["cached"] >= committed and rows() == ev["total"]  # nothing judged twice
+
+
+def test_ray_actor_gets_the_drivers_bisector_environment(monkeypatch):
+    """A Ray actor's process inherits `ray start`'s environment; the driver's BISECTOR_* settings are handed to it
+    before it opens its job (the GPU run showed BISECTOR_ORT_CUDA_OPTIONS not reaching the actors)."""
+    import os
+
+    from bisector.search import executors
+
+    monkeypatch.setenv("BISECTOR_ORT_CUDA_OPTIONS", "cudnn_conv_algo_search=HEURISTIC")
+    env = executors.bisector_env()
+    assert env["BISECTOR_ORT_CUDA_OPTIONS"] == "cudnn_conv_algo_search=HEURISTIC"
+    monkeypatch.delenv("BISECTOR_ORT_CUDA_OPTIONS")
+    seen = {}
+
+    class Spec:
+        def open(self):
+            seen["options"] = os.environ.get("BISECTOR_ORT_CUDA_OPTIONS")
+            return (lambda fp32: {}), (lambda: None)
+
+    monkeypatch.setenv(executors.WORKER_INDEX, "0")  # the worker sets its index in this process: restored after
+    executors._RayWorker(Spec(), 1, env)
+    assert seen["options"] == "cudnn_conv_algo_search=HEURISTIC"
+    monkeypatch.delenv("BISECTOR_ORT_CUDA_OPTIONS")  # the worker set it in this process: undo for other tests

@@ -450,10 +450,18 @@ class ProcessPool(Executor):
             s.dead = True
 
 
+def bisector_env() -> dict[str, str]:
+    """The BISECTOR_* variables of this process, for workers that do not inherit its environment."""
+    return {k: v for k, v in os.environ.items() if k.startswith("BISECTOR_")}
+
+
 class _RayWorker:
     """A Ray actor holding one loaded job (wrapped by `ray.remote` at run time, so Ray stays optional)."""
 
-    def __init__(self, spec: Spec, index: int = 0) -> None:
+    def __init__(self, spec: Spec, index: int = 0, env: dict[str, str] | None = None) -> None:
+        # An actor inherits the environment of `ray start`, not of this bisector process: the driver's BISECTOR_*
+        # settings (e.g. BISECTOR_ORT_CUDA_OPTIONS) travel with the actor so the backend sees what the journal records.
+        os.environ.update(env or {})
         os.environ[WORKER_INDEX] = str(index)
         self._evaluate, self._close = spec.open()
 
@@ -508,7 +516,7 @@ class RayPool(Executor):
     def open(self, spec: Spec) -> None:
         """Start the actors, each opening `spec` (a Ray instance is set up before the driver's job is built)."""
         self.spec = spec
-        self.actors = [self._cls.remote(spec, i) for i in range(self.workers)]
+        self.actors = [self._cls.remote(spec, i, bisector_env()) for i in range(self.workers)]
 
     def pids(self) -> list[int]:
         return self._ray.get([a.pid.remote() for a in self.actors])
@@ -567,7 +575,7 @@ class RayPool(Executor):
                     queue.appendleft(idx)
                 if self.restarts[slot] < self.max_restarts:
                     self.restarts[slot] += 1
-                    self.actors[slot] = self._cls.remote(self.spec, slot)
+                    self.actors[slot] = self._cls.remote(self.spec, slot, bisector_env())
                 else:
                     dead.add(slot)
                 continue
