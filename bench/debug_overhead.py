@@ -43,10 +43,14 @@ def run_command(check: list[str], work: Path, iter_artifact: str = "polygraphy_d
         wall = time.perf_counter() - t0
     finally:
         os.chdir(cwd)
+    return _summary(r, wall)
+
+
+def _summary(r, wall: float) -> dict:
     t = r.constraints.timings
     n = r.checks_run
-    return {"wall": wall, "checks": n, "fp32": r.fp32_nodes, "write_per": t["write"] / n, "check_per": t["check"] / n,
-            "search": t["search"]}
+    return {"wall": wall, "checks": n, "fp32": r.fp32_nodes, "write_per": t.get("write", 0.0) / n,
+            "check_per": t["check"] / n, "search": t["search"]}
 
 
 def run_inprocess() -> dict:
@@ -79,10 +83,7 @@ def run_real(work: Path, in_process: bool) -> dict:
         wall = time.perf_counter() - t0
     finally:
         os.chdir(cwd)
-    t = r.constraints.timings
-    n = r.checks_run
-    return {"wall": wall, "checks": n, "fp32": r.fp32_nodes, "write_per": t["write"] / n, "check_per": t["check"] / n,
-            "search": t["search"]}
+    return _summary(r, wall)
 
 
 def run_precision() -> dict:

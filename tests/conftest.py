@@ -36,3 +36,17 @@ def main_cli(*args) -> int:
 
 def planted_spec() -> dict:
     return json.loads((FIXTURES / "planted.json").read_text())
+
+
+def journal_rows(cache_dir) -> int:
+    """Evaluations committed to the journal in `cache_dir` so far (0 while it does not exist or is locked)."""
+    import sqlite3
+
+    path = Path(cache_dir) / "journal.sqlite"
+    if not path.exists():
+        return 0
+    try:
+        with sqlite3.connect(str(path), timeout=5) as db:
+            return db.execute("SELECT COUNT(*) FROM evaluations").fetchone()[0]
+    except sqlite3.Error:
+        return 0

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -12,20 +11,9 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from .conftest import PLANTED, SEED, main_cli, planted_spec
+from .conftest import PLANTED, SEED, journal_rows, main_cli, planted_spec
 
 SEED_ARGS = ["--fp16", "--atol", "1e-1", "--val-range", "x:[1,2]"]
-
-
-def _journal_rows(cache_dir) -> int:
-    path = cache_dir / "journal.sqlite"
-    if not path.exists():
-        return 0
-    try:
-        with sqlite3.connect(str(path), timeout=5) as db:
-            return db.execute("SELECT COUNT(*) FROM evaluations").fetchone()[0]
-    except sqlite3.OperationalError:
-        return 0
 
 
 def test_sigkill_then_resume_replays_from_journal(tmp_path, cache_dir):
@@ -34,11 +22,11 @@ def test_sigkill_then_resume_replays_from_journal(tmp_path, cache_dir):
             "--strategy", "greedy", "-o", str(tmp_path / "killed"), "--cache-dir", str(cache_dir)]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
-    while _journal_rows(cache_dir) < 8 and time.time() < deadline and proc.poll() is None:
+    while journal_rows(cache_dir) < 8 and time.time() < deadline and proc.poll() is None:
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    committed = _journal_rows(cache_dir)
+    committed = journal_rows(cache_dir)
     assert committed >= 8, "the search must have committed evaluations before the kill"
     assert not (tmp_path / "killed" / "constraints.json").exists()
 
@@ -50,7 +38,7 @@ def test_sigkill_then_resume_replays_from_journal(tmp_path, cache_dir):
     ev = c["evaluations"]
     assert ev["cached"] >= committed and ev["total"] == ev["new"] + ev["cached"]
     # no plan judged twice: every journal row is either replayed or new in the resumed run
-    assert _journal_rows(cache_dir) == ev["total"]
+    assert journal_rows(cache_dir) == ev["total"]
 
 
 def test_changing_tolerance_or_inputs_misses_the_journal(tmp_path, cache_dir):

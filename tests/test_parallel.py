@@ -415,22 +415,16 @@ def test_time_limit_stops_a_batch_between_plans_and_keeps_what_finished():
 def test_driver_killed_mid_search_with_workers_resumes_from_the_journal(tmp_path, cache_dir):
     import json
     import signal
-    import sqlite3
     import subprocess
     import sys
     import time as _time
 
     from .conftest import main_cli
 
+    from .conftest import journal_rows
+
     def rows() -> int:
-        path = cache_dir / "journal.sqlite"
-        if not path.exists():
-            return 0
-        try:
-            with sqlite3.connect(str(path), timeout=5) as db:
-                return db.execute("SELECT COUNT(*) FROM evaluations").fetchone()[0]
-        except sqlite3.Error:
-            return 0
+        return journal_rows(cache_dir)
 
     spec = planted_spec()
     args = [sys.executable, "-m", "bisector.cli.main", "precision", str(PLANTED), "--fp16", *spec["args"],
