@@ -20,12 +20,13 @@ from bisector.app.verify import VerifyResult, verify
 from bisector.artifacts.junit import Case, Suite  # result presentation the commands share
 from bisector.artifacts.report_text import format_comparison
 from bisector.sensitivity import profile_document
+from bisector.text import one_line  # a node name on one terminal line (newlines shown as \n)
 
 __all__ = [
     "precision", "verify", "evaluate", "profile", "inspect", "run_batch", "load_config",
     "PrecisionResult", "VerifyResult", "EvaluateResult", "ProfileResult", "BatchConfig", "BatchResult", "ModelEntry",
     "Inputs", "Tolerances", "BackendChoice", "Cache", "Search", "Suite", "Case", "format_comparison",
-    "profile_document", "polyrun", "PolyRunResult", "check_model", "fp32_from_flags", "convert", "inspect_data",
+    "profile_document", "one_line", "polyrun", "PolyRunResult", "check_model", "fp32_from_flags", "convert", "inspect_data",
     "trt_network", "gen_script",
     "debug_precision", "DebugResult", "Candidate", "Check",
 ]

@@ -43,7 +43,8 @@ def precision(model: Model, fp16: Fp16 = True, output_dir: OutputDir = Path("bis
         suite.add_outputs(Path(model).name, r.verdict.outputs, c.timings.get("search", 0.0))
         suite.write(junit)
     say = human_output(json_out)
-    say(f"FP32 nodes ({len(r.fp32_nodes)}): {' '.join(r.fp32_nodes) if r.fp32_nodes else '(none)'}")
+    names = ' '.join(api.one_line(n) for n in r.fp32_nodes)  # one name never looks like two
+    say(f"FP32 nodes ({len(r.fp32_nodes)}): {names or '(none)'}")
     headroom = "" if c.headroom is None else f"; headroom {c.headroom:.0%} of the tolerance"
     say(f"{'PASSED' if r.passed else 'FAILED'}; {'1-minimal' if r.minimal else 'not proven minimal'}; "
         f"{c.evaluations.total} evaluations ({c.evaluations.new} new, {c.evaluations.cached} cached){headroom}; "
