@@ -129,24 +129,56 @@ def wall_check(n, k, ps, latency, strategy):
     print()
 
 
-def emulate_check(blocks, size, channels, workers: list[str], repeats=1):
+def _bench_module(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def planted_transformer(layers: int, d: int, seq: int):
+    """bench/scale.py's transformer with a planted large-offset cancellation on the middle residual (Add 60000
+    then Sub 60000: the residual is lost in FP16 storage), so the minimal FP32 set is known: those two nodes."""
+    from onnx import helper, numpy_helper
+    import numpy as np
+
+    model, _ = _bench_module("scale").transformer_model(layers, d, seq, heads=8)
+    g = model.graph
+    at = next(i for i, n in enumerate(g.node) if n.name == f"l{layers // 2}_res1")
+    h = g.node[at].output[0]
+    g.initializer.append(numpy_helper.from_array(np.asarray(60000.0, np.float32), "planted_offset"))
+    add = helper.make_node("Add", [h, "planted_offset"], ["planted_hi"], name="planted_add")
+    sub = helper.make_node("Sub", ["planted_hi", "planted_offset"], ["planted_back"], name="planted_sub")
+    for n in g.node[at + 1:]:
+        n.input[:] = ["planted_back" if x == h else x for x in n.input]
+    g.node.insert(at + 1, sub)
+    g.node.insert(at + 1, add)
+    return model, ["planted_add", "planted_sub"]
+
+
+def emulate_check(blocks, size, channels, workers: list[str], repeats=1, kind="conv", layers=4, d=512, seq=128):
     import numpy as np
     import onnx
 
     from bisector.app.precision import precision
 
-    spec = importlib.util.spec_from_file_location("emulate_speed", ROOT / "bench" / "emulate_speed.py")
-    es = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(es)
-    model, planted = es.build_model(blocks, size, channels)
+    es = _bench_module("emulate_speed")
+    if kind == "transformer":
+        model, planted = planted_transformer(layers, d, seq)
+        shape, label = (1, seq, d), f"a {layers}-layer transformer, d={d}, {seq} tokens"
+        tol = "1e-1"
+    else:
+        model, planted = es.build_model(blocks, size, channels)
+        shape, label = (1, 3, size, size), f"{blocks} conv blocks of {channels} channels, input 1x3x{size}x{size}"
+        tol = "1e-2"
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "speed.onnx"
         onnx.save(model, path)
-        feeds = {"x": np.random.default_rng(1).uniform(0, 1, (1, 3, size, size)).astype(np.float32)}
+        feeds = {"x": np.random.default_rng(1).uniform(0, 1, shape).astype(np.float32)}
         t_fp32 = es.fp32_inference_seconds(model, feeds)
-        opts = dict(atol=["1e-2"], rtol=["1e-2"], cache_dir=Path(tmp) / "cache", resume=False)
+        opts = dict(atol=[tol], rtol=[tol], cache_dir=Path(tmp) / "cache", resume=False)
         precision(path, max_evals=1, **opts)  # golden into the cache, so both runs read it
-        print(f"Emulate: {blocks} conv blocks of {channels} channels, input 1x3x{size}x{size}, one FP32 inference "
+        print(f"Emulate: {label}, {len(model.graph.node)} nodes; one FP32 inference "
               f"{t_fp32 * 1e3:.0f} ms; whole `precision` call (journal off: every plan judged; worker start-up "
               f"included), runs interleaved, {repeats} of each; load average before: {_load()}\n")
         print("| workers | evaluations | rounds | wall s (each run) | median s | FP32 set | same set as 1 worker |")
@@ -210,6 +242,10 @@ def main() -> None:
     ap.add_argument("--no-table", action="store_true")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--variants", default="1,2", help="emulate: worker counts to compare, N or N:threads")
+    ap.add_argument("--model", choices=["conv", "transformer"], default="conv", help="emulate: which network")
+    ap.add_argument("--layers", type=int, default=4, help="--model transformer: layers")
+    ap.add_argument("--d", type=int, default=512, help="--model transformer: width")
+    ap.add_argument("--seq", type=int, default=128, help="--model transformer: tokens")
     args = ap.parse_args()
     source = "this checkout"
     if args.strategies_from:
@@ -223,7 +259,8 @@ def main() -> None:
         wall_check(256, 4, [1, 2, 4, 8], args.latency, args.strategy)
     if args.emulate:
         _count_rounds()
-        emulate_check(args.blocks, args.size, args.channels, args.variants.split(","), args.repeats)
+        emulate_check(args.blocks, args.size, args.channels, args.variants.split(","), args.repeats,
+                      kind=args.model, layers=args.layers, d=args.d, seq=args.seq)
 
 
 if __name__ == "__main__":

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from bisector.budget import Budget, BudgetExhausted
 from bisector.errors import BackendFailure, UsageError
 from bisector.search.driver import run_search
-from bisector.search.executors import FailOn, InProcess, KillOnce, ProcessPool, SyntheticSpec, synthetic_verdict
+from bisector.search.executors import (FailOn, InProcess, KillOnce, ProcessPool, SlowOpen, SyntheticSpec,
+                                       start_executor, synthetic_verdict)
 from bisector.search.judge import Verdict
 from bisector.search.oracle import Oracle
 
@@ -468,3 +471,83 @@ def test_ray_actor_gets_the_drivers_bisector_environment(monkeypatch):
     executors._RayWorker(Spec(), 1, env)
     assert seen["options"] == "cudnn_conv_algo_search=HEURISTIC"
     monkeypatch.delenv("BISECTOR_ORT_CUDA_OPTIONS")  # the worker set it in this process: undo for other tests
+
+
+# ---- the driver as one slot of a local pool (emulate: `--workers N` starts N - 1 processes) -----------------------
+def test_local_slot_same_answer_as_sequential_and_both_slots_judge():
+    ref, ref_oracle = sequential(workers=2)
+    here = Counting()
+    with ProcessPool(None, 2, local=True) as pool:
+        assert len(pool.slots) == 1 and pool.workers == 2
+        pool.open(SyntheticSpec(CULPRITS, latency=0.02), local=lambda fp32: (time.sleep(0.02), here(fp32))[1])
+        oracle = Oracle(None, CANDS, [], [], None, executor=pool)
+        r = run_search(oracle, "auto")
+    assert r.fp32 == ref.fp32 and r.minimal and r.evaluations == ref.evaluations
+    assert {v.fp32 for v in oracle.history} == {v.fp32 for v in ref_oracle.history}
+    assert 0 < len(here.asked) < r.evaluations["new"]  # the driver judged some plans, the worker the others
+
+
+def test_local_slot_judges_while_a_worker_is_still_opening_its_job():
+    here = Counting()
+    plans = [frozenset(CANDS) - {f"n{i}"} for i in range(6)]
+    with ProcessPool(None, 2, local=True) as pool:
+        pool.open(SlowOpen(SyntheticSpec(CULPRITS), delay=30), local=here)
+        oracle = Oracle(None, CANDS, [], [], None, executor=pool)
+        t0 = time.monotonic()
+        verdicts = oracle.evaluate_many(plans)
+        assert time.monotonic() - t0 < 20  # nobody waited for the worker
+        assert not pool.slots[0].ready
+    assert time.monotonic() - t0 < 25  # and closing does not wait for it either
+    assert [v.passed for v in verdicts] == [not (CULPRITS & {f"n{i}"}) for i in range(6)]
+    assert sorted(map(sorted, here.asked)) == sorted(map(sorted, plans))
+
+
+def test_local_slot_open_requires_the_drivers_evaluate():
+    with ProcessPool(None, 2, local=True) as pool:
+        with pytest.raises(RuntimeError, match="local=evaluate"):
+            pool.open(SyntheticSpec(CULPRITS))
+
+
+def test_local_slot_killed_worker_plan_is_retried_and_nothing_is_lost(tmp_path):
+    marker = tmp_path / "killed"
+    victim = frozenset(CANDS) - {"n5"}
+    journal = DictJournal()
+    with ProcessPool(None, 2, local=True) as pool:
+        pool.open(KillOnce(SyntheticSpec(CULPRITS, latency=0.05), victim, marker),
+                  local=lambda fp32: (time.sleep(0.05), Counting()(fp32))[1])
+        oracle = Oracle(None, CANDS, [], [], None, journal=journal, executor=pool)
+        deadline = time.monotonic() + 30
+        while not pool.slots[0].ready and time.monotonic() < deadline:  # the worker must get the victim
+            oracle.evaluate_many([frozenset(CANDS)])
+            list(pool.run([frozenset(CANDS[:1])]))  # collects the worker's "ready"
+        assert pool.slots[0].ready
+        verdicts = oracle.evaluate_many([victim, frozenset(CANDS) - {"n6"}, frozenset(CANDS) - {"n7"}])
+        assert pool.retried == 1
+    assert marker.exists()  # the worker really died judging the victim
+    assert all(v.passed for v in verdicts)
+    assert victim in journal.recorded and oracle.verdicts[victim].passed
+
+
+def test_local_slot_error_is_the_backends_error():
+    def broken(fp32):
+        raise RuntimeError("driver-side backend failure")
+
+    with ProcessPool(None, 2, local=True) as pool:
+        pool.open(SlowOpen(SyntheticSpec(CULPRITS), delay=30), local=broken)
+        oracle = Oracle(None, CANDS, [], [], None, executor=pool)
+        with pytest.raises(BackendFailure, match="driver-side backend failure") as info:
+            oracle.evaluate_many([frozenset(CANDS)])
+        assert info.value.exit_code == 3
+
+
+def test_start_executor_makes_the_driver_a_slot_on_emulate_only(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    emu = start_executor("emulate", 3, None)
+    gpu = start_executor("ort-cuda", 2, None)
+    try:
+        assert emu.wants_local and len(emu.slots) == 2 and emu.workers == 3
+        assert not gpu.wants_local and len(gpu.slots) == 2 and gpu.workers == 2
+        assert [s.env["CUDA_VISIBLE_DEVICES"] for s in gpu.slots] == ["0", "1"]
+    finally:
+        emu.close()
+        gpu.close()

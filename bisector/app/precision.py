@@ -79,7 +79,8 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
     # Workers start first: their imports (or Ray's set-up) overlap the golden run and the canary here.
     executor = start_executor(groups[BackendChoice].backend, s.workers, s.ray, preload=WORKER_PRELOAD)
     try:
-        job = build_job(Path(model), groups[Inputs], groups[Tolerances], groups[BackendChoice], groups[Cache])
+        job = build_job(Path(model), groups[Inputs], groups[Tolerances], groups[BackendChoice], groups[Cache],
+                        **_driver_threads(executor, groups[BackendChoice].backend))
     except BaseException:
         if executor is not None:
             executor.close()
@@ -178,7 +179,8 @@ def _confirm(model: Path, groups: dict, confirm: BackendChoice, s: Search, found
     --time-limit runs on the command's one clock (`budget.started`); --max-evals counts this search's own."""
     executor = start_executor(confirm.backend, s.workers, s.ray, preload=WORKER_PRELOAD)  # workers there, too
     try:
-        there = build_job(model, groups[Inputs], groups[Tolerances], confirm, groups[Cache])
+        there = build_job(model, groups[Inputs], groups[Tolerances], confirm, groups[Cache],
+                          **_driver_threads(executor, confirm.backend))
     except BaseException:
         if executor is not None:
             executor.close()
@@ -267,6 +269,14 @@ class JobSpec:
         return evaluate, job.close
 
 
+def _driver_threads(executor: Executor | None, backend: str) -> dict:
+    """The driver's own ORT threads when it judges plans as one slot of a local pool (emulate): the same share
+    of the cores as each worker, so that the slots run side by side and judge alike."""
+    if getattr(executor, "wants_local", False) and backend == "emulate":
+        return {"threads": worker_threads(executor, backend)}
+    return {}
+
+
 def open_job_spec(executor: Executor, model: Path, groups: dict, job: Job) -> None:
     """Hand a started executor the job to open in each worker: the model path and the typed option groups, held
     to the driver's inputs digest and golden outputs."""
@@ -275,7 +285,13 @@ def open_job_spec(executor: Executor, model: Path, groups: dict, job: Job) -> No
                    threads=worker_threads(executor, groups[BackendChoice].backend))
     if isinstance(executor, RayPool) and executor.address != "local" and Path(model).stat().st_size < 1_500_000_000:
         spec.model_bytes = Path(model).read_bytes()  # for Ray nodes that cannot read the path
-    executor.open(spec)
+    if getattr(executor, "wants_local", False):
+        from bisector.fp16.plan import Plan
+
+        candidates = job.catalog.candidates
+        executor.open(spec, local=lambda fp32: job.judge(Plan(frozenset(fp32), candidates)).to_json())
+    else:
+        executor.open(spec)
     log.info("judging plans on %d %s worker(s)", executor.workers, executor.kind)
 
 

@@ -5,9 +5,12 @@ The oracle keeps the journal, the budget and the memo in the driver process; an 
 
 - `InProcess`: judge one plan after another here (the default; `workers` may be set above 1 to *simulate* a
   pool for round counting in benchmarks — the plans still run one at a time);
-- `ProcessPool` (`--workers N`): N worker processes started with `spawn`, each opening its own job once from
-  a picklable spec and keeping the model loaded; GPU backends get one GPU each (CUDA_VISIBLE_DEVICES), emulate
-  workers share the cores (ORT intra-op threads = cores // N);
+- `ProcessPool` (`--workers N`): worker processes started with `forkserver`, each opening its own job once
+  from a picklable spec and keeping the model loaded; GPU backends get N processes, one GPU each
+  (CUDA_VISIBLE_DEVICES); emulate gets N - 1 processes plus the driver itself as the N-th slot (`local`), all
+  sharing the cores (ORT intra-op threads = cores // N). The driver's job is already loaded and warm, so a
+  round of one plan never waits for a process, and the searches' first, sequential rounds run while the
+  workers are still opening their jobs: a slot gets plans only once its worker has said it is ready;
 - `RayPool` (`--ray ADDRESS|auto|local`): Ray actors holding a loaded job (`num_gpus=1` for GPU backends).
 
 What runs in a worker is a *spec*: a picklable object with `open() -> (evaluate, close)`, where
@@ -97,6 +100,18 @@ class KillOnce:
             return evaluate(fp32)
 
         return killing, close
+
+
+@dataclass
+class SlowOpen:
+    """Test hook: opening the job takes `delay` seconds (a large model loading in a worker)."""
+
+    spec: Any
+    delay: float = 2.0
+
+    def open(self) -> tuple[Evaluate, Callable[[], None]]:
+        time.sleep(self.delay)
+        return self.spec.open()
 
 
 @dataclass
@@ -246,6 +261,7 @@ class _Slot:
     task: int | None = None  # the task id in flight (possibly of an abandoned run: its answer is dropped)
     restarts: int = 0
     dead: bool = False
+    ready: bool = False  # its job is open (with a local slot, plans go only to ready workers)
     env: dict[str, str] = field(default_factory=dict)
 
 
@@ -261,13 +277,18 @@ class ProcessPool(Executor):
 
     def __init__(self, spec: Spec | None, workers: int, envs: Sequence[dict[str, str]] | None = None,
                  max_retries: int = 2, max_restarts: int = 2, context: str = "forkserver",
-                 preload: Sequence[str] = ()):
+                 preload: Sequence[str] = (), local: bool = False):
+        """`local`: the driver judges plans too, as one of the `workers` slots (`workers - 1` processes
+        start); its evaluate function comes with `open(spec, local=...)`."""
         import multiprocessing
 
         if workers < 1:
             raise UsageError(f"--workers {workers}: must be at least 1")
         self.spec = spec
         self.workers = workers
+        self.local: Evaluate | None = None  # the driver's own evaluate (a slot that never dies)
+        self.wants_local = bool(local)
+        processes = workers - 1 if local else workers
         self.max_retries = max_retries
         self.max_restarts = max_restarts
         self._ctx = multiprocessing.get_context(context)
@@ -276,7 +297,7 @@ class ProcessPool(Executor):
             self._ctx.set_forkserver_preload(self._preload)
         self._ids = itertools.count()
         self.retried = 0  # plans re-sent after their worker died
-        self.slots = [_Slot(i, env=dict(envs[i]) if envs else {}) for i in range(workers)]
+        self.slots = [_Slot(i, env=dict(envs[i]) if envs else {}) for i in range(processes)]
         for s in self.slots:
             self._start(s)
 
@@ -286,7 +307,7 @@ class ProcessPool(Executor):
                               name=f"bisector-worker-{slot.index}", daemon=True)
         p.start()
         child.close()
-        slot.process, slot.conn, slot.task, slot.dead = p, parent, None, False
+        slot.process, slot.conn, slot.task, slot.dead, slot.ready = p, parent, None, False, False
         if self.spec is not None:
             self._send_spec(slot)
 
@@ -296,11 +317,15 @@ class ProcessPool(Executor):
         except (OSError, BrokenPipeError):
             pass  # its death shows up in run()
 
-    def open(self, spec: Spec) -> None:
-        """Give the workers started without a spec what to open."""
+    def open(self, spec: Spec, local: Evaluate | None = None) -> None:
+        """Give the workers started without a spec what to open; `local`: the driver's own evaluate, for the
+        local slot (required when the pool was made with `local=True`)."""
         if self.spec is not None:
             raise RuntimeError("the pool already has a spec")
+        if self.wants_local and local is None:
+            raise RuntimeError("this pool judges in the driver too: open(spec, local=evaluate)")
         self.spec = spec
+        self.local = local if self.wants_local else None
         for s in self.slots:
             if not s.dead:
                 self._send_spec(s)
@@ -322,7 +347,7 @@ class ProcessPool(Executor):
                 for s in self.slots:
                     if not queue:
                         break
-                    if s.dead or s.task is not None:
+                    if s.dead or s.task is not None or (self.local is not None and not s.ready):
                         continue
                     if not may_start():
                         stopped = True
@@ -337,17 +362,33 @@ class ProcessPool(Executor):
                     s.task, owner[task] = task, idx
             busy = [s for s in self.slots if s.task is not None and not s.dead]
             mine = [s for s in busy if s.task in owner]
-            if not mine and (error is not None or stopped or not queue):
+            here = self.local is not None and bool(queue) and error is None and not stopped
+            if not mine and not here and (error is not None or stopped or not queue):
                 return self._finish(error)
-            if not busy and not [s for s in self.slots if not s.dead]:
+            if not here and not busy and not [s for s in self.slots if not s.dead]:
                 return self._finish(error or BackendFailure("every worker process died; no plan could be judged"))
+            if here:  # the driver's slot: take the next plan now, after collecting what has already arrived
+                if not may_start():
+                    stopped = True
+                    continue
+                idx = queue.popleft()
+                try:
+                    payload = self.local(plans[idx])
+                except BisectorError as exc:
+                    error = error or exc
+                except Exception as exc:  # noqa: BLE001 - the backend's error, after the running plans finish
+                    error = error or _error(_describe(exc), "the driver's evaluation")
+                else:
+                    yield idx, payload
             watch = {}
             for s in self.slots:
                 if s.dead:
                     continue
                 watch[s.conn] = s
                 watch[s.process.sentinel] = s
-            ready = wait(list(watch), timeout=None)
+            if not watch:
+                continue
+            ready = wait(list(watch), timeout=0 if here else None)
             died: list[_Slot] = []
             for r in ready:
                 s = watch[r]
@@ -362,6 +403,7 @@ class ProcessPool(Executor):
                         died.append(s)
                     continue
                 if msg[0] == "ready":
+                    s.ready = True
                     continue
                 if msg[0] == "init-error":
                     error = error or _error(msg[1], f"worker {s.index} could not open the job")
@@ -387,6 +429,7 @@ class ProcessPool(Executor):
                     except (EOFError, OSError):
                         break
                     if msg[0] in ("ready", "init-error"):
+                        s.ready = s.ready or msg[0] == "ready"
                         if msg[0] == "init-error":
                             error = error or _error(msg[1], f"worker {s.index} could not open the job")
                         continue
@@ -430,6 +473,14 @@ class ProcessPool(Executor):
     def close(self) -> None:
         for s in self.slots:
             if s.dead or s.process is None:
+                continue
+            try:
+                while not s.ready and s.conn.poll():  # a "ready" not read yet (answers of abandoned runs are dropped)
+                    s.ready = s.conn.recv()[0] == "ready"
+            except (EOFError, OSError):
+                pass
+            if not s.ready:  # still opening its job (a large model loading): nothing of it to keep
+                s.process.terminate()
                 continue
             try:
                 s.conn.send(None)
@@ -635,11 +686,14 @@ def start_executor(backend: str, workers: int | None, ray: str | None, preload: 
     if workers is None or workers <= 1:
         return None
     envs, _ = worker_envs(backend, workers)
-    return ProcessPool(None, workers, envs=envs, preload=preload)
+    # emulate: the driver is a slot too (its job is loaded anyway); a GPU backend's driver holds no GPU of its own
+    return ProcessPool(None, workers, envs=envs, preload=preload, local=not gpu)
 
 
-def worker_threads(executor: Executor, backend: str) -> int:
+def worker_threads(executor: Executor | None, backend: str) -> int:
     """ORT intra-op threads for each worker of `executor` on `backend` (0: the backend's default)."""
+    if executor is None:
+        return 0
     if isinstance(executor, RayPool):
         return 0 if backend in GPU_BACKENDS else 1
     return worker_envs(backend, executor.workers)[1]
