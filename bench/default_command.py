@@ -1,0 +1,148 @@
+"""Issue 14's acceptance, per model: the default command's wall and peak memory against one plain FP32 inference.
+
+    python bench/default_command.py                 # the bundled fixtures + generated chain/conv/transformer models
+    python bench/default_command.py --only planted,cnn --repeats 3
+
+For each model (fixtures as shipped; generated ones in a temp dir, never committed):
+
+- one plain ONNX Runtime FP32 inference of the same model and inputs, in its own subprocess: its peak RSS
+  (`/usr/bin/time -v`, the whole process: Python + onnxruntime + model + activations) and its run time (warm
+  median of 5 runs after the first; the session's default threads);
+- the default command, `bisector precision MODEL --fp16 <its tolerance> -o OUT --no-cache`, in a subprocess:
+  wall (median of `--repeats`), peak RSS, evaluations (from constraints.json).
+
+Printed ratios, each against the baseline measured in the same run:
+  wall_budget = (wall - 2 s) / (evaluations x one inference)       target <= 2.5   (2 s: start-up allowance)
+  rss         = peak RSS of the command / peak RSS of one plain inference   target <= 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT))
+
+BISECTOR = [sys.executable, "-m", "bisector.cli"]
+
+INFER = r"""
+import sys, time, json
+import numpy as np, onnxruntime as ort
+path, inputs = sys.argv[1], sys.argv[2]
+sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+feeds = dict(np.load(inputs))
+sess.run(None, feeds)
+ts = []
+for _ in range(5):
+    t = time.perf_counter(); sess.run(None, feeds); ts.append(time.perf_counter() - t)
+ts.sort()
+print("INFER", ts[len(ts) // 2])
+"""
+
+
+def peak_rss_mb(stderr: str) -> float:
+    m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", stderr)
+    return int(m.group(1)) / 1024 if m else float("nan")
+
+
+def plain_inference(path: Path, ranges: dict, shapes: dict, tmp: Path) -> tuple[float, float]:
+    """One inference on bisector's own generated inputs (what the search feeds), in a fresh process."""
+    from bisector.model.catalog import Catalog
+    from bisector.model.inputs import generate_inputs
+
+    feeds = generate_inputs(Catalog.load(path), {k: tuple(v) for k, v in ranges.items()}, shapes)[0]
+    np.savez(tmp / "feeds.npz", **feeds)
+    r = subprocess.run(["/usr/bin/time", "-v", sys.executable, "-c", INFER, str(path), str(tmp / "feeds.npz")],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(r.stderr[-2000:])
+    seconds = float(next(ln.split()[1] for ln in r.stdout.splitlines() if ln.startswith("INFER")))
+    return seconds, peak_rss_mb(r.stderr)
+
+
+def default_command(path: Path, args: list[str], out: Path) -> tuple[float, float, int, str]:
+    cmd = ["/usr/bin/time", "-v", *BISECTOR, "precision", str(path), "--fp16", *args, "-o", str(out), "--no-cache"]
+    t = time.perf_counter()
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    wall = time.perf_counter() - t
+    if r.returncode not in (0, 1):
+        raise RuntimeError(f"{' '.join(cmd)}: exit {r.returncode}\n{r.stderr[-3000:]}")
+    c = json.loads((out / "constraints.json").read_text())
+    return wall, peak_rss_mb(r.stderr), int(c["evaluations"]["new"]), f"{len(c['fp32_nodes'])} FP32"
+
+
+def models(tmp: Path) -> list[tuple]:
+    """(name, path, tolerance flags, input ranges[, input shapes]). Generated models: bench/scale.py's chain and transformer,
+    bench/parallel.py's planted transformer, bench/emulate_speed.py's conv net."""
+    import parallel
+    import scale
+
+    import emulate_speed
+
+    planted = json.loads((ROOT / "fixtures" / "planted.json").read_text())["args"]
+    out: list[tuple] = [
+        ("planted", ROOT / "fixtures" / "planted.onnx", planted, {"x": (0, 1)}),
+        ("exported cnn", ROOT / "fixtures" / "exported" / "cnn.onnx", ["--atol", "1e-3"], {}),
+        ("exported encoder", ROOT / "fixtures" / "exported" / "encoder.onnx", ["--atol", "1e-3"],
+         {"ids": (0, 999), "mask": (1, 1)}, {"ids": (1, 32), "mask": (1, 32)}),
+    ]
+    gen = []
+    chain, _ = scale.chain_model(5000)
+    gen.append(("chain 5000", chain, ["--atol", "1", "--rtol", "0.9", "--val-range", "x:[1,2]"], {"x": (1, 2)}))
+    conv, _ = emulate_speed.build_model(16, 144, 64)
+    gen.append(("conv 16x64 144²", conv, ["--atol", "1e-2", "--rtol", "1e-2"], {}))
+    tf, _ = parallel.planted_transformer(4, 512, 256)
+    gen.append(("transformer 4x512 s256", tf, ["--atol", "1e-1", "--rtol", "1e-1"], {}))
+    for name, m, args, ranges in gen:
+        p = tmp / (re.sub(r"\W+", "_", name) + ".onnx")
+        onnx.save(m, p)
+        out.append((name, p, args, ranges))
+    return [(*m, {}) if len(m) == 4 else m for m in out]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--only", default=None, help="comma-separated model names (prefixes)")
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as td:
+        tmp = Path(td)
+        print("| model | nodes | one inference | its peak RSS | evaluations | default command wall (median) | "
+              "peak RSS | (wall − 2 s) / (evals × inference) | RSS ratio |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for name, path, args, ranges, shapes in models(tmp):
+            if a.only and not any(name.startswith(o) for o in a.only.split(",")):
+                continue
+            ranges = ranges or {}
+            val = [f"{k}:[{lo},{hi}]" for k, (lo, hi) in ranges.items()]
+            if val and "--val-range" not in args:
+                args = [*args, "--val-range", *val]
+            if shapes:
+                args = [*args, "--input-shapes", *(f"{k}:[{','.join(map(str, v))}]" for k, v in shapes.items())]
+            infer_s, infer_rss = plain_inference(path, ranges, shapes, tmp)
+            walls, rss = [], []
+            for i in range(a.repeats):
+                w, r, evals, fp32 = default_command(path, args, tmp / f"out{i}")
+                walls.append(w)
+                rss.append(r)
+            wall = statistics.median(walls)
+            nodes = len(onnx.load(str(path), load_external_data=False).graph.node)
+            budget = max(0.0, wall - 2.0) / (evals * infer_s)
+            print(f"| {name} | {nodes} | {infer_s * 1e3:.1f} ms | {infer_rss:.0f} MB | {evals} ({fp32}) | "
+                  f"{wall:.2f} s | {max(rss):.0f} MB | {budget:.2f} | {max(rss) / infer_rss:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
