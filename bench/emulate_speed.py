@@ -60,7 +60,11 @@ def build_model(blocks: int, size: int, channels: int = 32) -> tuple[onnx.ModelP
 
 
 def fp32_inference_seconds(model: onnx.ModelProto, feeds, repeats: int = 5) -> float:
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    from bisector.cores import usable_cores
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = usable_cores()  # as the emulate backend: ORT's default ignores taskset
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     sess.run(None, feeds)
     times = []
     for _ in range(repeats):

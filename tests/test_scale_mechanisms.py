@@ -85,3 +85,34 @@ def test_session_variants_are_bounded_and_evicted_ones_rebuild_identically():
         for p, e in zip(plans, expected):
             np.testing.assert_array_equal(tight.run(p, x)["y"], e)
             assert len(tight.executor._sessions) <= 6
+
+
+def test_usable_cores_follows_affinity_and_cgroup_quota(tmp_path, monkeypatch):
+    import os
+
+    from bisector import cores
+
+    read_quota = cores._cgroup_quota
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5, 6, 7})
+    monkeypatch.setattr(cores, "_cgroup_quota", lambda: None)
+    assert cores.usable_cores() == 8
+    monkeypatch.setattr(cores, "_cgroup_quota", lambda: 2.5)  # "250000 100000": 3 CPUs' worth of threads
+    assert cores.usable_cores() == 3
+    quota = tmp_path / "cpu.max"
+    quota.write_text("200000 100000\n")
+    assert read_quota(quota) == 2.0
+    quota.write_text("max 100000\n")
+    assert read_quota(quota) is None
+    assert read_quota(tmp_path / "missing") is None
+
+
+def test_emulate_sessions_take_their_threads_from_the_affinity_mask(monkeypatch):
+    """ORT's default would pin one thread per physical core and ignore taskset; the executor sets the count."""
+    from bisector.backends.emulate import executor as ex
+    from bisector.model.catalog import Catalog
+
+    from .conftest import PLANTED
+
+    monkeypatch.setattr(ex, "usable_cores", lambda: 3)
+    assert ex.NodeExecutor(Catalog.load(PLANTED))._opts.intra_op_num_threads == 3
+    assert ex.NodeExecutor(Catalog.load(PLANTED), threads=1)._opts.intra_op_num_threads == 1

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
 
+from bisector.cores import usable_cores
 from bisector.errors import BackendFailure, BisectorError, UsageError
 
 log = logging.getLogger("bisector")
@@ -667,8 +668,7 @@ def worker_envs(backend: str, workers: int) -> tuple[list[dict[str, str]], int]:
         if workers > len(gpus):
             log.warning("--workers %d but %d GPU(s) visible: several workers share a GPU", workers, len(gpus))
         return [{"CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)]} for i in range(workers)], 0
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    threads = max(1, cores // workers)
+    threads = max(1, usable_cores() // workers)
     override = os.environ.get("BISECTOR_WORKER_THREADS", "")
     if override.isdigit() and int(override) > 0:  # e.g. the cores, when rounds often hold a single plan
         threads = int(override)
@@ -685,7 +685,12 @@ def start_executor(backend: str, workers: int | None, ray: str | None, preload: 
         return RayPool(None, workers, address=ray, gpu=gpu)
     if workers is None or workers <= 1:
         return None
-    envs, _ = worker_envs(backend, workers)
+    envs, threads = worker_envs(backend, workers)
+    if not gpu and threads <= 1 and usable_cores() < 2 * workers:
+        log.warning("--workers %d on %s with %d usable CPU(s): each slot gets %d thread(s); one evaluation already "
+                    "keeps every core busy, so parallel slots pay only where an evaluation does not scale over cores "
+                    "(docs/benchmarks.md, \"Parallel evaluation, third round\")", workers, backend, usable_cores(),
+                    threads)
     # emulate: the driver is a slot too (its job is loaded anyway); a GPU backend's driver holds no GPU of its own
     return ProcessPool(None, workers, envs=envs, preload=preload, local=not gpu)
 

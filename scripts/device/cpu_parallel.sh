@@ -10,8 +10,8 @@ CORES=${CORES:-0,1}
 {
   date -u; grep -m1 'model name' /proc/cpuinfo; echo "taskset -c $CORES"
   for model in ${MODELS:-transformer conv}; do
-    if [ "$model" = transformer ]; then args="--model transformer --layers 4 --d 512 --seq 256"
-    else args="--model conv --blocks 48 --size 160 --channels 32"; fi
+    if [ "$model" = transformer ]; then args="--model transformer ${TF_ARGS:---layers 4 --d 512 --seq 256}"
+    else args="--model conv ${CONV_ARGS:---blocks 48 --size 160 --channels 32}"; fi
     taskset -c "$CORES" timeout ${LIMIT:-200} ${PYTHON:-python3} bench/parallel.py --no-table --emulate $args \
       --repeats ${REPEATS:-5} --variants ${VARIANTS:-1,2}
   done

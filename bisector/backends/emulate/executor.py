@@ -23,6 +23,7 @@ import onnx
 import onnxruntime as ort
 from onnx import helper
 
+from bisector.cores import usable_cores
 from bisector.errors import BackendFailure
 from bisector.fp16 import rules
 from bisector.fp16.arithmetic import split_bias_epilogue
@@ -79,8 +80,8 @@ class NodeExecutor:
             # and node variants each holding an arena as large as their activations was most of a search's peak
             # memory (conv net at 384x384: 2.65 GB -> 0.46 GB peak, same CPU time; docs/benchmarks.md).
             opts.add_session_config_entry("session.use_env_allocators", "1")
-        if self._threads:
-            opts.intra_op_num_threads = self._threads
+        # Always explicit: ORT's default (every physical core, pinned) ignores taskset, cpusets and CPU quotas.
+        opts.intra_op_num_threads = self._threads or usable_cores()
         return opts
 
     def converted(self, weight: str) -> np.ndarray:
