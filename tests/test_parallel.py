@@ -10,7 +10,7 @@ from bisector.budget import Budget, BudgetExhausted
 from bisector.errors import BackendFailure, UsageError
 from bisector.search.driver import run_search
 from bisector.search.executors import (FailOn, InProcess, KillOnce, ProcessPool, SlowOpen, SyntheticSpec,
-                                       start_executor, synthetic_verdict)
+                                       ThreadSlots, start_executor, synthetic_verdict)
 from bisector.search.judge import Verdict
 from bisector.search.oracle import Oracle
 
@@ -540,14 +540,85 @@ def test_local_slot_error_is_the_backends_error():
         assert info.value.exit_code == 3
 
 
-def test_start_executor_makes_the_driver_a_slot_on_emulate_only(monkeypatch):
+def test_start_executor_emulate_threads_or_processes_gpu_processes(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    threads = start_executor("emulate", 3, None)
+    monkeypatch.setenv("BISECTOR_EMULATE_SLOTS", "processes")
     emu = start_executor("emulate", 3, None)
     gpu = start_executor("ort-cuda", 2, None)
     try:
+        assert isinstance(threads, ThreadSlots) and threads.workers == 3
         assert emu.wants_local and len(emu.slots) == 2 and emu.workers == 3
         assert not gpu.wants_local and len(gpu.slots) == 2 and gpu.workers == 2
         assert [s.env["CUDA_VISIBLE_DEVICES"] for s in gpu.slots] == ["0", "1"]
     finally:
-        emu.close()
-        gpu.close()
+        for ex in (threads, emu, gpu):
+            ex.close()
+
+
+# ---- thread slots (emulate's default for --workers: one loaded job shared by N evaluation threads) -------------
+def test_thread_slots_run_plans_at_once_same_answer_as_sequential():
+    ref, ref_oracle = sequential(workers=2)
+    live, most = [0], [0]
+    here = Counting()
+
+    def slow(fp32):
+        live[0] += 1
+        most[0] = max(most[0], live[0])
+        time.sleep(0.02)
+        live[0] -= 1
+        return here(fp32)
+
+    with ThreadSlots(2) as pool:
+        pool.open(None, local=slow)
+        oracle = Oracle(None, CANDS, [], [], None, executor=pool)
+        r = run_search(oracle, "auto")
+    assert r.fp32 == ref.fp32 and r.minimal and r.evaluations == ref.evaluations and r.rounds == ref.rounds
+    assert {v.fp32 for v in oracle.history} == {v.fp32 for v in ref_oracle.history}
+    assert most[0] == 2  # two plans were really judged at the same time
+
+
+def test_thread_slot_error_is_the_backends_error_and_finished_plans_are_kept():
+    victim = frozenset(CANDS) - {"n0"}
+    other = frozenset(CANDS) - {"n1"}
+    here = Counting()
+
+    def evaluate(fp32):
+        if fp32 == victim:
+            raise RuntimeError("injected backend failure")
+        return here(fp32)
+
+    with ThreadSlots(2) as pool:
+        pool.open(None, local=evaluate)
+        oracle = Oracle(None, CANDS, [], [], None, executor=pool)
+        with pytest.raises(BackendFailure, match="injected backend failure") as info:
+            oracle.evaluate_many([victim, other])
+        assert info.value.exit_code == 3
+        assert victim not in oracle.verdicts and other in oracle.verdicts
+
+
+def test_emulate_job_judges_alike_from_concurrent_threads(tmp_path):
+    """The real emulate job shared by 4 threads (cold caches, so sessions are built concurrently) gives the
+    verdicts it gives one plan at a time."""
+    import json
+    import random
+
+    from bisector.app.job import open_job
+    from bisector.app.options import options_from_flags
+    from bisector.fp16.plan import Plan
+
+    job = open_job(PLANTED, cache_dir=tmp_path / "c", **options_from_flags(planted_spec()["args"]))
+    cands = job.catalog.candidates
+    rng = random.Random(3)
+    plans = [frozenset(rng.sample(list(cands), rng.randrange(len(cands)))) for _ in range(24)]
+    ev = lambda fp32: job.judge(Plan(frozenset(fp32), cands)).to_json()  # noqa: E731
+    with ThreadSlots(4) as pool:
+        pool.open(None, local=ev)
+        together = dict(pool.run(plans))
+    job.close()
+    alone_job = open_job(PLANTED, cache_dir=tmp_path / "c", **options_from_flags(planted_spec()["args"]))
+    for i, fp32 in enumerate(plans):
+        alone = alone_job.judge(Plan(fp32, cands)).to_json()
+        assert together[i]["passed"] == alone["passed"]
+        assert json.dumps(together[i]["outputs"], sort_keys=True) == json.dumps(alone["outputs"], sort_keys=True)
+    alone_job.close()

@@ -18,7 +18,8 @@ from bisector.errors import UsageError
 from bisector.files import ensure_dir
 from bisector.budget import Budget
 from bisector.search.driver import SearchResult, run_search
-from bisector.search.executors import WORKER_INDEX, Executor, RayPool, start_executor, worker_threads
+from bisector.search.executors import (WORKER_INDEX, Executor, ProcessPool, RayPool, start_executor,
+                                       worker_threads)
 from bisector.search.judge import Verdict
 
 log = logging.getLogger("bisector")
@@ -272,7 +273,7 @@ class JobSpec:
 def _driver_threads(executor: Executor | None, backend: str) -> dict:
     """The driver's own ORT threads when it judges plans as one slot of a local pool (emulate): the same share
     of the cores as each worker, so that the slots run side by side and judge alike."""
-    if getattr(executor, "wants_local", False) and backend == "emulate":
+    if isinstance(executor, ProcessPool) and executor.wants_local and backend == "emulate":
         return {"threads": worker_threads(executor, backend)}
     return {}
 

@@ -206,6 +206,69 @@ class InProcess(Executor):
         self._close()
 
 
+class ThreadSlots(Executor):
+    """`workers` plans at once in threads of this process, all judged by the driver's own evaluate (`emulate`:
+    one loaded job shared by every slot — its block sessions, FP16 weight copies and FP32 reference are built
+    once and held once; ONNX Runtime releases the GIL while it runs, and its sessions take concurrent runs).
+    Nothing to kill or restart: a slot's exception is the backend's error, after the running plans finish."""
+
+    kind = "threads"
+    wants_local = True
+
+    def __init__(self, workers: int, evaluate: Evaluate | None = None):
+        from concurrent.futures import ThreadPoolExecutor
+
+        if workers < 1:
+            raise UsageError(f"--workers {workers}: must be at least 1")
+        self.workers = workers
+        self.spec = None
+        self._evaluate = evaluate
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="bisector-eval")
+
+    def open(self, spec: Spec | None, local: Evaluate | None = None) -> None:
+        if local is None:
+            raise RuntimeError("thread slots judge in the driver: open(spec, local=evaluate)")
+        self.spec, self._evaluate = spec, local
+
+    def run(self, plans, may_start=lambda: True):
+        from concurrent.futures import FIRST_COMPLETED, wait
+
+        plans = [frozenset(p) for p in plans]
+        queue = deque(range(len(plans)))
+        running: dict[Any, int] = {}
+        error: BisectorError | None = None
+        stopped = False
+        while True:
+            while queue and len(running) < self.workers and error is None and not stopped:
+                if not may_start():
+                    stopped = True
+                    break
+                idx = queue.popleft()
+                running[self._pool.submit(self._evaluate, plans[idx])] = idx
+            if not running:
+                return self._finish(error)
+            done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+            for f in sorted(done, key=running.__getitem__):  # finished together: in the order asked
+                idx = running.pop(f)
+                try:
+                    payload = f.result()
+                except BisectorError as exc:
+                    error = error or exc
+                except Exception as exc:  # noqa: BLE001 - the backend's error, never a verdict
+                    error = error or _error(_describe(exc), "an evaluation thread")
+                else:
+                    yield idx, payload
+
+    @staticmethod
+    def _finish(error: BisectorError | None):
+        if error is not None:
+            raise error
+        return None
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
 PRELOAD = ["numpy", "onnx", "onnxruntime", "bisector.search.judge"]  # callers add their own (the job's modules)
 
 
@@ -685,6 +748,12 @@ def start_executor(backend: str, workers: int | None, ray: str | None, preload: 
         return RayPool(None, workers, address=ray, gpu=gpu)
     if workers is None or workers <= 1:
         return None
+    slots = os.environ.get("BISECTOR_EMULATE_SLOTS", "threads")
+    if slots not in ("threads", "processes"):
+        raise UsageError(f"BISECTOR_EMULATE_SLOTS={slots!r}: threads (default) or processes")
+    if not gpu and slots == "threads":
+        # one loaded job shared by N evaluation threads: no per-process start-up, caches or memory (issue 16)
+        return ThreadSlots(workers)
     envs, threads = worker_envs(backend, workers)
     if not gpu and threads <= 1 and usable_cores() < 2 * workers:
         log.warning("--workers %d on %s with %d usable CPU(s): each slot gets %d thread(s); one evaluation already "

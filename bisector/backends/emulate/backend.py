@@ -10,6 +10,8 @@ built once per node, not once per plan.
 
 from __future__ import annotations
 
+import threading
+
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -42,6 +44,7 @@ class EmulateBackend:
         self._references: dict[str, dict[str, np.ndarray]] = {}
         self._boundaries: dict[str, dict[str, np.ndarray]] = {}
         self._feeds_keys: dict[int, tuple[Mapping[str, np.ndarray], str]] = {}
+        self._reference_lock = threading.Lock()  # evaluation threads: one FP32 reference per feeds, computed once
 
     # ---- protocol ------------------------------------------------------------------------------------------
     def open(self, catalog: Catalog) -> None:
@@ -75,9 +78,12 @@ class EmulateBackend:
         key = self._feeds_key(feeds)
         ref = self._references.get(key)
         if ref is None:
-            if len(self._references) >= self.reference_cache_size:
-                self._references.pop(next(iter(self._references)))
-            ref = self._references[key] = self.executor.run_reference(feeds)
+            with self._reference_lock:
+                ref = self._references.get(key)
+                if ref is None:
+                    if len(self._references) >= self.reference_cache_size:
+                        self._references.pop(next(iter(self._references)))
+                    ref = self._references[key] = self.executor.run_reference(feeds)
         return ref
 
     def run_all(self, plan: Plan, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -99,9 +105,12 @@ class EmulateBackend:
         key = self._feeds_key(feeds)
         ref = self._references.get(key) or self._boundaries.get(key)
         if ref is None:
-            if len(self._boundaries) >= self.reference_cache_size:
-                self._boundaries.pop(next(iter(self._boundaries)))
-            ref = self._boundaries[key] = self.executor.run_reference(feeds, boundary_only=True)
+            with self._reference_lock:
+                ref = self._references.get(key) or self._boundaries.get(key)
+                if ref is None:
+                    if len(self._boundaries) >= self.reference_cache_size:
+                        self._boundaries.pop(next(iter(self._boundaries)))
+                    ref = self._boundaries[key] = self.executor.run_reference(feeds, boundary_only=True)
         return ref
 
     def _evaluate(self, plan: Plan, feeds: Mapping[str, np.ndarray], fused: bool) -> Mapping[str, np.ndarray]:

@@ -280,16 +280,25 @@ class NodeExecutor:
         self.build_seconds += time.perf_counter() - t0
         return sess
 
+    # Evaluation threads (`--workers` on emulate) share these caches: each step below is one dict operation
+    # (atomic under the GIL), and a key evicted by another thread in between is not an error. Two threads may
+    # build the same variant at once; the second one kept wins, both are correct.
     def _cached(self, key: tuple) -> ort.InferenceSession | None:
         sess = self._sessions.get(key)
         if sess is not None:
-            self._sessions.move_to_end(key)
+            try:
+                self._sessions.move_to_end(key)
+            except KeyError:
+                pass
         return sess
 
     def _keep(self, key: tuple, sess: ort.InferenceSession) -> ort.InferenceSession:
         self._sessions[key] = sess
         while len(self._sessions) > self.max_sessions:
-            self._sessions.popitem(last=False)
+            try:
+                self._sessions.popitem(last=False)
+            except KeyError:
+                break
         if len(self._specs) > 8 * self.max_sessions:
             self._specs.clear()
         return sess
