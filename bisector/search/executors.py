@@ -5,7 +5,10 @@ The oracle keeps the journal, the budget and the memo in the driver process; an 
 
 - `InProcess`: judge one plan after another here (the default; `workers` may be set above 1 to *simulate* a
   pool for round counting in benchmarks — the plans still run one at a time);
-- `ProcessPool` (`--workers N`): worker processes started with `forkserver`, each opening its own job once
+- `ThreadSlots` (`--workers N` on emulate): N evaluation threads judging with the driver's own loaded job
+  (caches built and held once; ONNX Runtime releases the GIL);
+- `ProcessPool` (`--workers N` on GPU backends, or emulate with BISECTOR_EMULATE_SLOTS=processes): worker
+  processes started with `forkserver`, each opening its own job once
   from a picklable spec and keeping the model loaded; GPU backends get N processes, one GPU each
   (CUDA_VISIBLE_DEVICES); emulate gets N - 1 processes plus the driver itself as the N-th slot (`local`), all
   sharing the cores (ORT intra-op threads = cores // N). The driver's job is already loaded and warm, so a
