@@ -1,7 +1,7 @@
 """Evaluation executors: where the oracle's new plans are judged (issue 16).
 
 The oracle keeps the journal, the budget and the memo in the driver process; an executor only turns plans
-(frozensets of FP32 node names) into verdicts (`Verdict.to_json()` dicts). Three kinds:
+(frozensets of FP32 node names) into verdicts (`Verdict.to_json()` dicts). Four kinds:
 
 - `InProcess`: judge one plan after another here (the default; `workers` may be set above 1 to *simulate* a
   pool for round counting in benchmarks — the plans still run one at a time);
