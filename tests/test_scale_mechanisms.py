@@ -116,3 +116,28 @@ def test_emulate_sessions_take_their_threads_from_the_affinity_mask(monkeypatch)
     monkeypatch.setattr(ex, "usable_cores", lambda: 3)
     assert ex.NodeExecutor(Catalog.load(PLANTED))._opts.intra_op_num_threads == 3
     assert ex.NodeExecutor(Catalog.load(PLANTED), threads=1)._opts.intra_op_num_threads == 1
+
+
+def test_artifacts_time_is_recorded_and_a_spent_time_limit_skips_the_mixed_model(tmp_path):
+    """Issue 14: post-search work is counted in the reported timings and bounded by --time-limit."""
+    import json
+
+    from bisector.app.api import precision
+    from bisector.app.options import options_from_flags
+
+    from .conftest import PLANTED, planted_spec
+
+    flags = options_from_flags(planted_spec()["args"])
+    full = tmp_path / "full"
+    precision(PLANTED, output_dir=full, no_cache=True, **flags)
+    c = json.loads((full / "constraints.json").read_text())
+    assert c["timings"]["artifacts"] > 0 and (full / "model.mixed.onnx").exists()
+
+    out = tmp_path / "limited"
+    out.mkdir()
+    (out / "model.mixed.onnx").write_bytes(b"stale mixed model of an earlier run")
+    r = precision(PLANTED, output_dir=out, no_cache=True, time_limit=1e-6, **flags)
+    assert r.stop_reason and (out / "constraints.json").exists()
+    assert not (out / "model.mixed.onnx").exists()  # never a stale model beside new constraints
+    assert "model.mixed.onnx was not written" in (out / "report.md").read_text()
+    assert json.loads((out / "constraints.json").read_text())["timings"]["artifacts"] >= 0

@@ -155,9 +155,9 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
         if output_dir is not None:
             from bisector.artifacts.write import write_artifacts
 
-            t1 = time.perf_counter()
-            paths = write_artifacts(Path(output_dir), cat, constraints, extra_report)
-            timings["artifacts"] = time.perf_counter() - t1
+            if budget.spent():
+                log.warning("--time-limit spent: model.mixed.onnx not written (report.md says how to write it)")
+            paths = write_artifacts(Path(output_dir), cat, constraints, extra_report, mixed=not budget.spent())
         if result.workers > 1:
             log.info("%d new evaluation(s) in %d round(s) on %d workers", result.evaluations.get("new", 0),
                      result.rounds, result.workers)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -32,7 +33,12 @@ def begin_artifacts(out_dir: Path) -> Path:
     return out
 
 
-def write_artifacts(out_dir: Path, catalog: Catalog, constraints: Constraints, extra_report: str = "") -> dict[str, Path]:
+def write_artifacts(out_dir: Path, catalog: Catalog, constraints: Constraints, extra_report: str = "",
+                    mixed: bool = True) -> dict[str, Path]:
+    """Every artifact of a search; `mixed=False` (the --time-limit was spent): all but the mixed ONNX, the one
+    whose cost grows with the weights, and a stale one of an earlier run is removed. The time this takes is
+    recorded in constraints.json (`timings.artifacts`)."""
+    t0 = time.perf_counter()
     out = begin_artifacts(Path(out_dir))
     fp32 = list(constraints.fp32_nodes)
     paths = {
@@ -45,8 +51,16 @@ def write_artifacts(out_dir: Path, catalog: Catalog, constraints: Constraints, e
     # constraints.json is written last and its presence means a complete set: begin_artifacts removed a stale
     # one first, so that a run that fails half way (disk full) never leaves new artifacts beside an old one.
     # Build everything in memory first: a failure here leaves no artifact of this run behind.
-    mixed = build_mixed_model(catalog, frozenset(fp32))
-    mixed_files = _mixed_files(mixed, paths["mixed"])
+    if mixed:
+        mixed_files = _mixed_files(build_mixed_model(catalog, frozenset(fp32)), paths["mixed"])
+    else:
+        mixed_files = []
+        for stale in (paths.pop("mixed"), out / "model.mixed.onnx.data"):
+            remove_file(stale)
+        extra_report += (
+            "\n\n**model.mixed.onnx was not written: the --time-limit was spent by the search.** Write it with "
+            f"`bisector convert {Path(constraints.model).name} --fp16 --fp32 <the fp32_nodes of constraints.json> "
+            "-o model.mixed.onnx`.\n")
     # every artifact that sets precisions also carries the pinned nodes (FP32 in the verified plan too)
     strings = layer_precision_strings_for(catalog, fp32)
     script = add_constraints_for(catalog, fp32)
@@ -57,6 +71,7 @@ def write_artifacts(out_dir: Path, catalog: Catalog, constraints: Constraints, e
     write_text_atomic(paths["add_constraints"], script)
     write_text_atomic(paths["layer_precisions"], json.dumps(strings, indent=2) + "\n")
     write_text_atomic(paths["report"], report)
+    constraints.timings["artifacts"] = time.perf_counter() - t0
     constraints.write(paths["constraints"])  # last: its presence means the set is complete
     return paths
 
