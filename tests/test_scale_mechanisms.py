@@ -118,9 +118,12 @@ def test_emulate_sessions_take_their_threads_from_the_affinity_mask(monkeypatch)
     assert ex.NodeExecutor(Catalog.load(PLANTED), threads=1)._opts.intra_op_num_threads == 1
 
 
-def test_artifacts_time_is_recorded_and_a_spent_time_limit_skips_the_mixed_model(tmp_path):
-    """Issue 14: post-search work is counted in the reported timings and bounded by --time-limit."""
+def test_artifacts_time_is_recorded_and_a_spent_time_limit_skips_the_mixed_model(tmp_path, monkeypatch):
+    """Issue 14: post-search work is counted in the reported timings and bounded by --time-limit (the mixed ONNX
+    of a model above BISECTOR_MIXED_SKIP_MB; tests/test_trust.py: a small model's is still written)."""
     import json
+
+    from bisector.app import precision as precision_module
 
     from bisector.app.api import precision
     from bisector.app.options import options_from_flags
@@ -133,6 +136,7 @@ def test_artifacts_time_is_recorded_and_a_spent_time_limit_skips_the_mixed_model
     c = json.loads((full / "constraints.json").read_text())
     assert c["timings"]["artifacts"] > 0 and (full / "model.mixed.onnx").exists()
 
+    monkeypatch.setattr(precision_module, "MIXED_SKIP_BYTES", 1000)  # the planted model is larger
     out = tmp_path / "limited"
     out.mkdir()
     (out / "model.mixed.onnx").write_bytes(b"stale mixed model of an earlier run")

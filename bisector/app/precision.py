@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
+import onnx
+
 from bisector import __version__
 from bisector.app.job import Job, build_job
 from bisector.app.options import BackendChoice, Cache, Inputs, Search, Tolerances, split_options
@@ -155,9 +157,10 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
         if output_dir is not None:
             from bisector.artifacts.write import write_artifacts
 
-            if budget.spent():
+            skip_mixed = budget.spent() and _model_bytes(cat) > MIXED_SKIP_BYTES
+            if skip_mixed:
                 log.warning("--time-limit spent: model.mixed.onnx not written (report.md says how to write it)")
-            paths = write_artifacts(Path(output_dir), cat, constraints, extra_report, mixed=not budget.spent())
+            paths = write_artifacts(Path(output_dir), cat, constraints, extra_report, mixed=not skip_mixed)
         if result.workers > 1:
             log.info("%d new evaluation(s) in %d round(s) on %d workers", result.evaluations.get("new", 0),
                      result.rounds, result.workers)
@@ -268,6 +271,27 @@ class JobSpec:
             return job.judge(Plan(frozenset(fp32), candidates)).to_json()
 
         return evaluate, job.close
+
+
+# With the --time-limit spent, the mixed ONNX (its cost grows with the weights: converting and writing them) is
+# written only for models below this size; the other artifacts are small and always written.
+MIXED_SKIP_BYTES = int(float(os.environ.get("BISECTOR_MIXED_SKIP_MB", "64")) * 2**20)
+
+
+def _model_bytes(cat) -> int:
+    """The model's bytes on disk: its file and the external data files its initializers name."""
+    path = Path(cat.path)
+    total, seen = path.stat().st_size, set()
+    for init in cat.model.graph.initializer:
+        if init.data_location == onnx.TensorProto.EXTERNAL:
+            loc = next((e.value for e in init.external_data if e.key == "location"), None)
+            if loc and loc not in seen:
+                seen.add(loc)
+                try:
+                    total += (path.parent / loc).stat().st_size
+                except OSError:
+                    pass
+    return total
 
 
 def _driver_threads(executor: Executor | None, backend: str) -> dict:
