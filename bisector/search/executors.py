@@ -161,6 +161,13 @@ class Executor:
     workers: int = 1
     kind: str = "in-process"
 
+    @staticmethod
+    def _finish(error: BisectorError | None):
+        """End of a `run`: raise the error a slot reported, after the plans already running were yielded."""
+        if error is not None:
+            raise error
+        return None
+
     def open(self, spec: Spec) -> None:
         raise NotImplementedError
 
@@ -261,12 +268,6 @@ class ThreadSlots(Executor):
                     error = error or _error(_describe(exc), "an evaluation thread")
                 else:
                     yield idx, payload
-
-    @staticmethod
-    def _finish(error: BisectorError | None):
-        if error is not None:
-            raise error
-        return None
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -530,12 +531,6 @@ class ProcessPool(Executor):
                 if error is None and s.restarts < self.max_restarts:
                     s.restarts += 1
                     self._start(s)
-
-    @staticmethod
-    def _finish(error: BisectorError | None):
-        if error is not None:
-            raise error
-        return None
 
     def close(self) -> None:
         for s in self.slots:
