@@ -145,3 +145,43 @@ def test_artifacts_time_is_recorded_and_a_spent_time_limit_skips_the_mixed_model
     assert not (out / "model.mixed.onnx").exists()  # never a stale model beside new constraints
     assert "model.mixed.onnx was not written" in (out / "report.md").read_text()
     assert json.loads((out / "constraints.json").read_text())["timings"]["artifacts"] >= 0
+
+
+def test_session_variants_share_the_weights_instead_of_copying_them(tmp_path):
+    """Issue 14: every rounding-pattern variant of a block runs on the executor's one copy of each weight (ORT
+    uses our buffer: add_initializer, prepacking off). Copied per session, 8 variants of a block reading a 32 MB
+    weight would add ~256 MB."""
+    import itertools
+
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from bisector.backends.emulate.backend import EmulateBackend
+    from bisector.fp16.plan import Plan
+    from bisector.model.catalog import Catalog
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((2048, 4096)).astype(np.float32), "W")
+    c = numpy_helper.from_array(np.asarray(0.5, np.float32), "c")
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"), helper.make_node("Relu", ["h"], ["r"], name="relu"),
+             helper.make_node("Mul", ["r", "c"], ["m"], name="mul"), helper.make_node("Add", ["m", "c"], ["y"], name="add")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2048])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4096])], initializer=[w, c])
+    path = tmp_path / "big_weight.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), path)
+    cat = Catalog.load(path)
+    be = EmulateBackend()
+    be.open(cat)
+    feeds = {"x": np.ones((1, 2048), np.float32)}
+
+    def rss_mb() -> float:
+        return next(int(ln.split()[1]) for ln in open("/proc/self/status") if ln.startswith("VmRSS")) / 1024
+
+    be.run(Plan(frozenset(cat.candidates), cat.candidates), feeds)  # the FP32 reference
+    be.run(Plan(frozenset(), cat.candidates), feeds)  # the FP16-converted weight exists from here on
+    before, built = rss_mb(), be.executor.sessions_built
+    plans = [frozenset(s) for r in (1, 2, 3) for s in itertools.combinations(["relu", "mul", "add"], r)]
+    for fp32 in plans:  # mm stays FP16: every variant reads the converted W
+        be.run(Plan(fp32, cat.candidates), feeds)
+    assert be.executor.sessions_built - built >= 4  # really new variants of the block
+    assert rss_mb() - before < 100, f"{rss_mb() - before:.0f} MB for {be.executor.sessions_built - built} variants"

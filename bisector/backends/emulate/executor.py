@@ -80,6 +80,11 @@ class NodeExecutor:
             # and node variants each holding an arena as large as their activations was most of a search's peak
             # memory (conv net at 384x384: 2.65 GB -> 0.46 GB peak, same CPU time; docs/benchmarks.md).
             opts.add_session_config_entry("session.use_env_allocators", "1")
+        # Weights are shared by every session variant (`_session`: add_initializer on our arrays); prepacking
+        # would give each session its own packed copy (MatMul/Conv weights: 66 MB per variant for a 64 MB
+        # weight). Off: a 4-layer transformer's search held 1065 -> 565 MB over 308 variants, and searches ran
+        # as fast or faster (no packing per session build; docs/benchmarks.md, "Scale, second round").
+        opts.add_session_config_entry("session.disable_prepacking", "1")
         # Always explicit: ORT's default (every physical core, pinned) ignores taskset, cpusets and CPU quotas.
         opts.intra_op_num_threads = self._threads or usable_cores()
         return opts
@@ -244,9 +249,9 @@ class NodeExecutor:
     def _session(self, nodes, what: str, inputs: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
                  outputs: list[str]) -> ort.InferenceSession:
         """One ORT session. Numeric weights are not serialised into it: the graph names them as external data
-        and ORT takes this executor's arrays (`add_external_initializers`). ORT 1.2x still keeps its own copy per
-        session (measured: 51 MB for a 64 MB weight, 67 MB with MatMul prepacking), but the protobuf copy and
-        the serialised model of the embedded form are gone (153 MB per session embedded)."""
+        (`add_external_initializers`) and every session runs on this executor's own arrays (`add_initializer`:
+        ORT uses the caller's buffer, no copy; with prepacking off, measured 1.8 MB per session for a 64 MB
+        weight against 66 MB with `add_external_initializers` alone and 153 MB embedded)."""
         model = self.catalog.model
         opts, shared, initializers = self._opts, [], []
         for t, v in weights.items():
@@ -262,6 +267,8 @@ class NodeExecutor:
         if shared:
             opts = self._options()
             opts.add_external_initializers([t for t, _ in shared], [o for _, o in shared])
+            for t, o in shared:  # and use our buffer as is: no copy per session (below)
+                opts.add_initializer(t, o)
         graph = helper.make_graph(
             nodes,
             "bisector_part",
