@@ -131,3 +131,27 @@ def test_extra_cuda_options_from_environment(monkeypatch):
         monkeypatch.setenv(OPTIONS_ENV, bad)
         with pytest.raises(UsageError):
             extra_cuda_options()
+
+
+def test_switch_mode_one_session_for_every_plan_and_the_same_outputs(monkeypatch):
+    """BISECTOR_ORT_CUDA_SWITCH=1: the switch model is loaded once; each plan is a run with its flags, giving what
+    the plan's own mixed-model session gives (CPU stand-in), and CPU placement is reported for every plan."""
+    cat = Catalog.load(SEED)
+    from bisector.model.inputs import generate_inputs
+
+    feeds = generate_inputs(cat, {"x": (1, 2)})[0]
+    per_plan = OrtCudaBackend(providers=[CPU_EP], graph_optimization="disable")
+    monkeypatch.setenv("BISECTOR_ORT_CUDA_SWITCH", "1")
+    switch = OrtCudaBackend(providers=[CPU_EP], graph_optimization="disable")
+    assert switch.switch and not per_plan.switch
+    for b in (per_plan, switch):
+        b.open(cat)
+    cands = list(cat.candidates)
+    plans = [Plan(frozenset(cands) - {n}, cat.candidates) for n in cands] + [Plan.all_fp16(cat.candidates)]
+    for plan in plans:
+        a, b = per_plan.run(plan, feeds), switch.run(plan, feeds)
+        for k in a:
+            np.testing.assert_array_equal(a[k], b[k])
+        assert set(switch.cpu_fallback[plan.key()]["fp16_nodes"]) == set(per_plan.cpu_fallback[plan.key()]["fp16_nodes"])
+    assert len(switch.session_times) == 1 and len(per_plan.session_times) == len(plans)
+    assert switch.describe()["mode"] == "switch" and "mode" not in per_plan.describe()

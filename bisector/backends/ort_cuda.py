@@ -39,6 +39,7 @@ from bisector import __version__
 from bisector.errors import BackendFailure, BuildFailure, UsageError
 from bisector.fp16.casts import FLOAT, cast, fp16_name
 from bisector.fp16.mixed import build_mixed_model
+from bisector.fp16.switch import build_switch_model
 from bisector.fp16.plan import Plan
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -60,7 +61,7 @@ class OrtCudaBackend:
     name = "ort-cuda"
 
     def __init__(self, device_id: int = 0, strict: bool = True, *, session_cache_size: int = 8,
-                 graph_optimization: str = "all", providers: Sequence[Any] | None = None):
+                 graph_optimization: str = "all", providers: Sequence[Any] | None = None, switch: bool | None = None):
         """`strict`: first ask ORT for a session with CPU fallback disabled (only then is every node known to run
         on the GPU); `strict=False` skips that attempt and always profiles the first run to find CPU nodes.
         `providers` is a test hook: use exactly these providers and skip the CUDA checks (a CPU stand-in lets
@@ -76,6 +77,11 @@ class OrtCudaBackend:
         self._device: dict[str, str] | None = None
         self.cpu_fallback: dict[str, dict[str, Any]] = {}  # plan key -> {"nodes": [...], "other": [...], ...}
         self.session_times: list[float] = []
+        # One switch model for every plan (bisector.fp16.switch): built and loaded once, a plan is a run with one
+        # flag per candidate, so cuDNN's algorithm search runs once per search instead of once per plan.
+        self.switch = (os.environ.get(SWITCH_ENV, "0") == "1") if switch is None else bool(switch)
+        self._flags: dict[str, str] = {}
+        self._switch_cpu: list[str] | None = None  # nodes the switch session placed on the CPU provider
 
     # ---- protocol ------------------------------------------------------------------------------------------
     def open(self, catalog: "Catalog") -> None:
@@ -102,6 +108,8 @@ class OrtCudaBackend:
             "strict": str(self.strict).lower(),
             "bisector": __version__,
         }
+        if self.switch:  # other kernels (no fusion across nodes): other verdicts, kept apart in the journal
+            d["mode"] = "switch"
         if self._device:
             d.update({f"device_{k}": v for k, v in self._device.items()})
         extra = extra_cuda_options()
@@ -118,13 +126,17 @@ class OrtCudaBackend:
     def run(self, plan: Plan, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
         names = tuple(outputs) if outputs is not None else tuple(self._cat.output_names)
         sess = self._session(plan, names)
-        feed = {i.name: np.asarray(feeds[i.name]) for i in sess.get_inputs()}
+        flags = self._flags if self.switch else {}
+        feed = {i.name: np.asarray(feeds[i.name]) for i in sess.get_inputs() if i.name not in set(flags.values())}
+        feed.update({flag: np.array(node in plan.fp16) for node, flag in flags.items()})
         try:
             if getattr(sess, "_bisector_profile", False):
                 result = sess.run(list(names), feed)
                 self._record_placement(plan, sess)
             else:
                 result = sess.run(list(names), feed)
+                if self.switch and self._switch_cpu is not None:
+                    self._note_fallback(plan, self._switch_cpu, [], None)
         except Exception as e:  # noqa: BLE001 - a CUDA/ORT runtime error is a backend failure, not a verdict
             raise BackendFailure(f"ort-cuda: running the mixed model of a plan ({len(plan.fp32)} FP32 nodes) failed: {e}") from e
         out = {}
@@ -169,12 +181,16 @@ class OrtCudaBackend:
         return so
 
     def _session(self, plan: Plan, outputs: tuple[str, ...]):
-        key = (plan.key(), outputs)
+        key = ("switch" if self.switch else plan.key(), outputs)
         sess = self._sessions.get(key)
         if sess is not None:
             self._sessions.move_to_end(key)
             return sess
-        model = self._mixed_model(plan, outputs)
+        if self.switch:
+            model, self._flags = build_switch_model(self._cat)
+            model = _with_outputs(model, outputs)
+        else:
+            model = self._mixed_model(plan, outputs)
         data = model.SerializeToString()
         t0 = time.perf_counter()
         strict_error = None
@@ -196,6 +212,8 @@ class OrtCudaBackend:
             sess._bisector_strict_error = strict_error  # type: ignore[attr-defined]
         else:
             self.cpu_fallback.setdefault(plan.key(), {"nodes": [], "other": [], "fp16_nodes": []})
+            if self.switch:
+                self._switch_cpu = []
         if self._forced_providers is None and CUDA_EP not in sess.get_providers():
             raise UsageError(f"--backend ort-cuda: ONNX Runtime did not enable the CUDA provider on device "
                              f"{self.device_id} (session providers {sess.get_providers()}). {_INSTALL_HINT}")
@@ -206,29 +224,17 @@ class OrtCudaBackend:
         return sess
 
     def _mixed_model(self, plan: Plan, outputs: tuple[str, ...]) -> onnx.ModelProto:
-        model = build_mixed_model(self._cat, plan)
-        graph = model.graph
-        have = {o.name for o in graph.output}
-        produced = {t for n in graph.node for t in n.output} | {i.name for i in graph.input}
-        wanted = []
-        for t in outputs:
-            if t in have:
-                wanted.append(t)
-                continue
-            if t not in produced and fp16_name(t) in produced:
-                graph.node.append(cast(fp16_name(t), t, FLOAT))
-            elif t not in produced:
-                raise BackendFailure(f"ort-cuda: tensor {t!r} does not exist in the mixed model")
-            vi = onnx.ValueInfoProto()
-            vi.name = t
-            graph.output.append(vi)
-            wanted.append(t)
-        if set(outputs) != have:
-            # Only the requested outputs, so ORT prunes nothing the caller needs and computes nothing it doesn't.
-            keep = [o for o in graph.output if o.name in set(outputs)]
-            del graph.output[:]
-            graph.output.extend(keep)
-        return model
+        return _with_outputs(build_mixed_model(self._cat, plan), outputs)
+
+    def _note_fallback(self, plan: Plan, in_catalog: list[str], other: list[str], strict_error: str | None) -> None:
+        candidates = set(self._cat.candidates)
+        fp16_on_cpu = sorted(n for n in in_catalog if n in candidates and n in plan.fp16)
+        self.cpu_fallback[plan.key()] = {"nodes": in_catalog, "other": other, "fp16_nodes": fp16_on_cpu,
+                                       "strict_error": strict_error}
+        if fp16_on_cpu and self._forced_providers is None:
+            log.warning("ort-cuda: %d FP16 node(s) of this plan ran on ONNX Runtime's CPU provider, in FP32 (their "
+                        "verdicts are not GPU ones): %s", len(fp16_on_cpu), ", ".join(fp16_on_cpu[:20]))
+
 
     def _record_placement(self, plan: Plan, sess) -> None:
         """Which nodes ran on the CPU provider (from ORT's profile of the session's first run)."""
@@ -254,15 +260,11 @@ class OrtCudaBackend:
             except OSError:
                 pass
         nodes = self._cat.nodes
-        candidates = set(self._cat.candidates)
         in_catalog = sorted({n for n in on_cpu if n in nodes})
         other = sorted({n for n in on_cpu if n not in nodes})
-        fp16_on_cpu = sorted(n for n in in_catalog if n in candidates and n in plan.fp16)
-        self.cpu_fallback[plan.key()] = {"nodes": in_catalog, "other": other, "fp16_nodes": fp16_on_cpu,
-                                       "strict_error": getattr(sess, "_bisector_strict_error", None)}
-        if fp16_on_cpu and self._forced_providers is None:
-            log.warning("ort-cuda: %d FP16 node(s) of this plan ran on ONNX Runtime's CPU provider, in FP32 (their "
-                        "verdicts are not GPU ones): %s", len(fp16_on_cpu), ", ".join(fp16_on_cpu[:20]))
+        if self.switch:  # one session for every plan: its placement holds for every later plan too
+            self._switch_cpu = in_catalog
+        self._note_fallback(plan, in_catalog, other, getattr(sess, "_bisector_strict_error", None))
 
     def _probe_gpu(self) -> None:
         """A one-node FP16 session: proves the CUDA provider loads and a GPU is there, before any search."""
@@ -283,7 +285,36 @@ class OrtCudaBackend:
                              f"missing). {_INSTALL_HINT}")
 
 
+
+def _with_outputs(model: onnx.ModelProto, outputs: tuple[str, ...]) -> onnx.ModelProto:
+    """`model` with exactly `outputs` as its graph outputs (an internal FP32 tensor of a mixed model may be asked
+    for: its FP16 version is cast back)."""
+    graph = model.graph
+    have = {o.name for o in graph.output}
+    produced = {t for n in graph.node for t in n.output} | {i.name for i in graph.input}
+    wanted = []
+    for t in outputs:
+        if t in have:
+            wanted.append(t)
+            continue
+        if t not in produced and fp16_name(t) in produced:
+            graph.node.append(cast(fp16_name(t), t, FLOAT))
+        elif t not in produced:
+            raise BackendFailure(f"ort-cuda: tensor {t!r} does not exist in the mixed model")
+        vi = onnx.ValueInfoProto()
+        vi.name = t
+        graph.output.append(vi)
+        wanted.append(t)
+    if set(outputs) != have:
+        # Only the requested outputs, so ORT prunes nothing the caller needs and computes nothing it doesn't.
+        keep = [o for o in graph.output if o.name in set(outputs)]
+        del graph.output[:]
+        graph.output.extend(keep)
+    return model
+
+
 OPTIONS_ENV = "BISECTOR_ORT_CUDA_OPTIONS"
+SWITCH_ENV = "BISECTOR_ORT_CUDA_SWITCH"
 
 
 def extra_cuda_options() -> dict[str, str]:

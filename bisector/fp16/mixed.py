@@ -31,8 +31,6 @@ def build_mixed_model(catalog: Catalog, plan: Plan | frozenset[str]) -> onnx.Mod
     """The mixed-precision model: `plan` (or an FP32 set) FP32, every other candidate FP16."""
     if not isinstance(plan, Plan):
         plan = Plan(frozenset(plan), catalog.candidates)
-    points = rounding_points(catalog, plan)
-    fp16_nodes = points.fp16
     src = catalog.model
     model = copy_without_initializers(src)  # weights are added at the end: only those still read
     # IR < 4 (opset <= 8 era) requires every initializer to be a graph input; the FP16 weight copies are not, and
@@ -41,49 +39,75 @@ def build_mixed_model(catalog: Catalog, plan: Plan | frozenset[str]) -> onnx.Mod
     graph = model.graph
     del graph.node[:]
     del graph.value_info[:]  # stale after retyping; consumers re-infer
+    emit = NodeWriter(catalog, rounding_points(catalog, plan))
+    for node in src.graph.node:
+        graph.node.extend(emit.node(node))
+    _add_used_initializers(model, list(src.graph.initializer) + emit.new_inits)
+    return model
 
-    initializers = {i.name: i for i in src.graph.initializer}
-    constants = {n.output[0]: n for n in src.graph.node if n.op_type == "Constant"}
-    graph_outputs = set(catalog.output_names)
-    created: set[str] = set()  # names of the FP16 tensors that exist already
-    new_inits: list[onnx.TensorProto] = []
 
-    def ensure_fp16(t: str, out_nodes: list[onnx.NodeProto], read: Read) -> str:
+def fp16_form(catalog: Catalog, node: str) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+    """Candidate `node` alone in FP16, as the mixed model of any plan computes it: the Casts of its inputs to
+    FP16 (from their FP32 names: exact when the producer stored FP16 already), the node itself, and the Casts of
+    its float outputs back to their FP32 names; plus the converted weights it reads. (ort-cuda's switch model.)"""
+    fp16 = frozenset({node})
+    emit = NodeWriter(catalog, rounding_points(catalog, fp16), all_outputs_fp32=True)
+    return emit.node(catalog.nodes[node]), emit.new_inits
+
+
+class NodeWriter:
+    """Writes the nodes of the mixed model one source node at a time under `points` (FP16 tensors are created
+    once and shared by every FP16 reader; converted weights collect in `new_inits`)."""
+
+    def __init__(self, catalog: Catalog, points: RoundingPoints, all_outputs_fp32: bool = False):
+        self.catalog, self.points = catalog, points
+        src = catalog.model
+        self.initializers = {i.name: i for i in src.graph.initializer}
+        self.constants = {n.output[0]: n for n in src.graph.node if n.op_type == "Constant"}
+        self.graph_outputs = set(catalog.output_names)
+        self.created: set[str] = set()  # names of the FP16 tensors that exist already
+        self.new_inits: list[onnx.TensorProto] = []
+        self.all_outputs_fp32 = all_outputs_fp32  # every float output also under its FP32 name
+
+    def ensure_fp16(self, t: str, out_nodes: list[onnx.NodeProto], read: Read) -> str:
         """The FP16 tensor an FP16 reader reads for `t` (created on first use)."""
+        catalog, points = self.catalog, self.points
         # A weight read as a parameter that ONNX types as T (Clip bounds) is rounded like an activation, not
         # clamped like a weight: then min(x, round(b)) == round(min(x, b)) for FP16 x, what the emulation computes.
         as_param = read is Read.EXACT and t in catalog.weights and not points.stored(t)
         name = f"{fp16_name(t)}_param" if as_param else fp16_name(t)
-        if name in created:
+        if name in self.created:
             return name
-        created.add(name)
+        self.created.add(name)
         if t in catalog.weights:
-            value = numpy_helper.to_array(initializers[t]) if t in initializers else constant_value(constants[t])
+            value = (numpy_helper.to_array(self.initializers[t]) if t in self.initializers
+                     else constant_value(self.constants[t]))
             converted = rules.round_activation(value).astype("float16") if as_param else rules.weight_rule(value)
-            new_inits.append(numpy_helper.from_array(converted, name))
+            self.new_inits.append(numpy_helper.from_array(converted, name))
         else:
             out_nodes.append(cast(t, name, FLOAT16))
         return name
 
-    for node in src.graph.node:
+    def node(self, node: onnx.NodeProto) -> list[onnx.NodeProto]:
+        """`node` as the mixed model writes it: a copy (FP32, or FP16 with its Casts and converted weights)."""
+        catalog, points = self.catalog, self.points
         emitted: list[onnx.NodeProto] = []
         new = copy.deepcopy(node)
-        if node.name not in fp16_nodes:
+        if node.name not in points.fp16:
             if node.op_type in _ANY_TYPE_READERS:
                 # Shape/Size/Cast read any type: they take the FP16 tensor itself (same values, and no Cast back
                 # is needed just for them — what AutoCast does too).
                 for i, t in enumerate(node.input):
-                    if t and fp16_name(t) in created and points.stored(t):
+                    if t and fp16_name(t) in self.created and points.stored(t):
                         new.input[i] = fp16_name(t)
-            graph.node.append(new)
-            continue
+            return [new]
         in_fp16, out_fp16 = _fp16_slots(catalog, node)
         for t, i in catalog.reads(node.name):
             if i is not None and in_fp16[i] and catalog.is_float(t):
-                new.input[i] = ensure_fp16(t, emitted, points.read(node.name, i, t))
+                new.input[i] = self.ensure_fp16(t, emitted, points.read(node.name, i, t))
         # Outer-scope values an FP16 If reads are stored in FP16: its subgraphs read them through a Cast back to
         # FP32 (the subgraphs compute FP32, as in the emulation); nothing is retyped inside them.
-        outer = {t: ensure_fp16(t, emitted, points.read(node.name, None, t))
+        outer = {t: self.ensure_fp16(t, emitted, points.read(node.name, None, t))
                  for t, i in catalog.reads(node.name) if i is None and catalog.is_float(t)}
         if outer:
             _round_outer_reads(new, outer)
@@ -99,17 +123,15 @@ def build_mixed_model(catalog: Catalog, plan: Plan | frozenset[str]) -> onnx.Mod
                 # FP32 and its output is stored in FP16 right after, exactly the emulation's rule.
                 new.output[i] = raw_name(t)
                 stored.append(cast(raw_name(t), fp16_name(t), FLOAT16))
-            created.add(fp16_name(t))
+            self.created.add(fp16_name(t))
             producer_outputs.append(t)
         emitted.append(new)
         emitted.extend(stored)
         for t in producer_outputs:
-            if t in graph_outputs or any(_needs_fp32(catalog, points, r, idx, t) for r, idx in catalog.consumers.get(t, [])):
+            if (self.all_outputs_fp32 or t in self.graph_outputs
+                    or any(_needs_fp32(catalog, points, r, idx, t) for r, idx in catalog.consumers.get(t, []))):
                 emitted.append(cast(fp16_name(t), t, FLOAT))
-        graph.node.extend(emitted)
-
-    _add_used_initializers(model, list(src.graph.initializer) + new_inits)
-    return model
+        return emitted
 
 
 def _needs_fp32(catalog: Catalog, points: RoundingPoints, reader: onnx.NodeProto, index: int | None, t: str) -> bool:

@@ -1,0 +1,86 @@
+"""One model for every plan: each candidate chooses FP16 or FP32 at run time (ort-cuda's switch mode, issue 14).
+
+A plan's mixed model (`fp16.mixed`) needs a new ONNX Runtime session per plan, and on a GPU the first run of each
+session searches cuDNN algorithms for every convolution (0.5–2 s per plan on a 77-Conv detector). The switch
+model is built and loaded once: every candidate node `n` becomes
+
+    If(cond = graph input "bisector_fp16_<k>")
+        then: n in FP16 exactly as every mixed model writes it (`mixed.fp16_form`: Casts of its inputs to FP16,
+              the node with FP16 weights converted by the same rule, Casts of its float outputs back to FP32)
+        else: n unchanged (FP32)
+
+so a plan is one `run()` with one boolean per candidate. Tensors between nodes are FP32 everywhere; an FP16 value
+cast to FP32 and back to FP16 is exact, so a plan computes what its mixed model computes, node for node. What
+differs: ONNX Runtime cannot fuse across the If boundaries (a mixed model's FP16 Conv+Add may become one kernel
+that rounds once); `tests/test_switch.py` checks equality with the mixed models with fusions off.
+"""
+
+from __future__ import annotations
+
+import onnx
+from onnx import TensorProto, helper
+
+from bisector.fp16.mixed import fp16_form
+from bisector.model.catalog import Catalog
+from bisector.model.graph import copy_without_initializers, graph_reads
+
+FLAG_PREFIX = "bisector_fp16_"
+
+
+def build_switch_model(catalog: Catalog) -> tuple[onnx.ModelProto, dict[str, str]]:
+    """The switch model and its flag inputs: {candidate node name: bool graph input that makes it FP16}."""
+    src = catalog.model
+    model = copy_without_initializers(src)
+    model.ir_version = max(model.ir_version, 4)
+    graph = model.graph
+    del graph.node[:]
+    del graph.value_info[:]
+    candidates = set(catalog.candidates)
+    flags: dict[str, str] = {}
+    taken = {i.name for i in src.graph.input} | {t for n in src.graph.node for t in n.output}
+    inits: dict[str, TensorProto] = {i.name: i for i in src.graph.initializer}
+    for node in src.graph.node:
+        if node.name not in candidates:
+            graph.node.append(node)
+            continue
+        flag = _unique(f"{FLAG_PREFIX}{len(flags)}", taken)
+        flags[node.name] = flag
+        graph.input.append(helper.make_tensor_value_info(flag, TensorProto.BOOL, []))
+        then_nodes, new_inits = fp16_form(catalog, node.name)
+        for init in new_inits:
+            inits.setdefault(init.name, init)  # one converted copy per weight, read by every branch that needs it
+        graph.node.append(_switch(node, then_nodes, flag, taken))
+    used = graph_reads(graph)  # subgraphs included: the branches read the converted weights
+    graph.initializer.extend(i for name, i in inits.items() if name in used)
+    return model, flags
+
+
+def _switch(node: onnx.NodeProto, then_nodes: list[onnx.NodeProto], flag: str, taken: set[str]) -> onnx.NodeProto:
+    """`If(flag)` choosing between `then_nodes` (FP16) and `node` (FP32); both branches yield `node`'s outputs."""
+    outputs = [t for t in node.output if t]
+    branches = []
+    for tag, body in (("fp16", then_nodes), ("fp32", [node])):
+        rename = {t: _unique(f"{t}__switch_{tag}", taken) for t in outputs}
+        nodes = []
+        for n in body:
+            copy = onnx.NodeProto()
+            copy.CopyFrom(n)
+            copy.output[:] = [rename.get(t, t) for t in n.output]
+            copy.input[:] = [rename.get(t, t) for t in n.input]
+            nodes.append(copy)
+        produced = {t for n in nodes for t in n.output}
+        missing = [t for t in outputs if rename[t] not in produced]
+        if missing:  # fp16_form casts every float output back; anything else is a bug in it
+            raise ValueError(f"switch model: the {tag} branch of {node.name!r} does not produce {missing}")
+        branches.append(helper.make_graph(nodes, f"{node.name}__{tag}", [],
+                                          [onnx.ValueInfoProto(name=rename[t]) for t in outputs]))
+    return helper.make_node("If", [flag], outputs, name=f"{node.name}__switch", then_branch=branches[0],
+                            else_branch=branches[1])
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    base, k = name, 1
+    while name in taken:
+        name, k = f"{base}_{k}", k + 1
+    taken.add(name)
+    return name
