@@ -278,6 +278,45 @@ def inference_costs(model_path: str, planted: list[str], out: dict) -> None:
     out["inference"] = res
 
 
+def switch_agreement(model_path: str, out: dict, plans: int = 16) -> None:
+    """Issue 14: the switch model against per-plan mixed-model sessions on the GPU, plan by plan: the largest
+    output difference between the two and each one's error against the FP32 golden, verdicts at DETECTOR_ARGS."""
+    import random
+
+    import numpy as np
+
+    from bisector.app.job import open_job
+    from bisector.app.options import options_from_flags
+    from bisector.backends.ort_cuda import OrtCudaBackend
+    from bisector.fp16.plan import Plan
+
+    job = open_job(model_path, no_cache=True, **options_from_flags(DETECTOR_ARGS))
+    cat, feeds, golden = job.catalog, job.feeds_list[0], job.golden.outputs[0]
+    rows = []
+    t0 = time.perf_counter()
+    per, sw = OrtCudaBackend(switch=False), OrtCudaBackend(switch=True)
+    for b in (per, sw):
+        b.open(cat)
+    rng = random.Random(0)
+    cands = list(cat.candidates)
+    sets = [frozenset(), frozenset(cands)] + [frozenset(rng.sample(cands, rng.randrange(len(cands)))) for _ in range(plans)]
+    for fp32 in sets:
+        plan = Plan(fp32, cat.candidates)
+        a, b = per.run(plan, feeds), sw.run(plan, feeds)
+        row = {"fp32": len(fp32), "max_diff": 0.0, "err_per_plan": 0.0, "err_switch": 0.0}
+        for k in a:
+            g = np.asarray(golden[k], np.float64)
+            row["max_diff"] = max(row["max_diff"], float(np.max(np.abs(a[k] - b[k]))))
+            row["err_per_plan"] = max(row["err_per_plan"], float(np.max(np.abs(a[k] - g))))
+            row["err_switch"] = max(row["err_switch"], float(np.max(np.abs(b[k] - g))))
+        rows.append(row)
+        print(f"agree: {row}", flush=True)
+    out["switch_agreement"] = {"rows": rows, "seconds": round(time.perf_counter() - t0, 1),
+                               "sessions_per_plan": len(per.session_times), "sessions_switch": len(sw.session_times),
+                               "switch_session_s": sw.session_times}
+    job.close()
+
+
 def cmd_all(a) -> int:
     import onnx
 
@@ -318,10 +357,18 @@ def cmd_all(a) -> int:
     if "detector" in steps:
         plan += [("detector_ort-cuda_w1", str(det), DETECTOR_ARGS, "ort-cuda", 1, None),
                  ("detector_ort-cuda_w2", str(det), DETECTOR_ARGS, "ort-cuda", 2, None)]
+    h = {"BISECTOR_ORT_CUDA_OPTIONS": "cudnn_conv_algo_search=HEURISTIC"}
     if "heuristic" in steps:
-        h = {"BISECTOR_ORT_CUDA_OPTIONS": "cudnn_conv_algo_search=HEURISTIC"}
         plan += [("detector_ort-cuda_w1_heuristic", str(det), DETECTOR_ARGS, "ort-cuda", 1, h),
                  ("detector_ort-cuda_w2_heuristic", str(det), DETECTOR_ARGS, "ort-cuda", 2, h)]
+    sw = {"BISECTOR_ORT_CUDA_SWITCH": "1"}
+    if "switch" in steps:  # issue 14: one switch model for the whole search (bisector/fp16/switch.py)
+        plan += [("detector_ort-cuda_w1_switch", str(det), DETECTOR_ARGS, "ort-cuda", 1, sw),
+                 ("detector_ort-cuda_w1_switch_heuristic", str(det), DETECTOR_ARGS, "ort-cuda", 1, {**sw, **h}),
+                 ("planted_ort-cuda_w1_switch", planted_onnx, planted_args(), "ort-cuda", 1, sw)]
+    if "agree" in steps:
+        switch_agreement(str(det), out)
+        save()
     if "emulate" in steps:
         plan += [("detector_emulate_w1", str(det), DETECTOR_ARGS, "emulate", 1, None),
                  ("planted_emulate_w1", planted_onnx, planted_args(), "emulate", 1, None)]
@@ -394,7 +441,8 @@ def main() -> int:
     al = sub.add_parser("all")
     al.add_argument("--out", required=True)
     al.add_argument("--smi-dir", default="")
-    al.add_argument("--steps", default="inference,planted,detector,heuristic,emulate")
+    al.add_argument("--steps", default="inference,planted,detector,heuristic,emulate",
+                    help="also: switch (BISECTOR_ORT_CUDA_SWITCH=1 searches), agree (switch vs per-plan outputs)")
     al.add_argument("--deadline", type=float, default=500)
     al.add_argument("--ray", default="auto", help="address for the ray-* steps (ray-planted, ray-heuristic, "
                     "ray-detector; base-planted, base-heuristic: --workers 1 baselines)")
