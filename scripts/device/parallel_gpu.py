@@ -382,6 +382,7 @@ def cmd_all(a) -> int:
                          ("detector_ort-cuda_ray2", str(det), DETECTOR_ARGS, "ort-cuda", 2, None)],
         "base-planted": [("planted_ort-cuda_w1", planted_onnx, planted_args(), "ort-cuda", 1, None)],
         "base-heuristic": [("detector_ort-cuda_w1_heuristic", str(det), DETECTOR_ARGS, "ort-cuda", 1, h)],
+        "base-detector": [("detector_ort-cuda_w1", str(det), DETECTOR_ARGS, "ort-cuda", 1, None)],
     }
     plan = [(*p, False) for p in plan]
     for st in steps:
