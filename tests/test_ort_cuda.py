@@ -154,4 +154,4 @@ def test_switch_mode_one_session_for_every_plan_and_the_same_outputs(monkeypatch
             np.testing.assert_array_equal(a[k], b[k])
         assert set(switch.cpu_fallback[plan.key()]["fp16_nodes"]) == set(per_plan.cpu_fallback[plan.key()]["fp16_nodes"])
     assert len(switch.session_times) == 1 and len(per_plan.session_times) == len(plans)
-    assert switch.describe()["mode"] == "switch" and "mode" not in per_plan.describe()
+    assert switch.describe()["mode"] == "switch-where" and "mode" not in per_plan.describe()

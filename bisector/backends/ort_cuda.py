@@ -79,7 +79,11 @@ class OrtCudaBackend:
         self.session_times: list[float] = []
         # One switch model for every plan (bisector.fp16.switch): built and loaded once, a plan is a run with one
         # flag per candidate, so cuDNN's algorithm search runs once per search instead of once per plan.
-        self.switch = (os.environ.get(SWITCH_ENV, "0") == "1") if switch is None else bool(switch)
+        env = os.environ.get(SWITCH_ENV, "0")
+        if env not in ("0", "1", "where", "if"):
+            raise UsageError(f"{SWITCH_ENV}={env!r}: 0 (a session per plan), 1 or where (the default switch model), if")
+        self.switch = (env != "0") if switch is None else bool(switch)
+        self.switch_kind = "if" if env == "if" else "where"
         self._flags: dict[str, str] = {}
         self._switch_cpu: list[str] | None = None  # nodes the switch session placed on the CPU provider
 
@@ -109,7 +113,7 @@ class OrtCudaBackend:
             "bisector": __version__,
         }
         if self.switch:  # other kernels (no fusion across nodes): other verdicts, kept apart in the journal
-            d["mode"] = "switch"
+            d["mode"] = f"switch-{self.switch_kind}"
         if self._device:
             d.update({f"device_{k}": v for k, v in self._device.items()})
         extra = extra_cuda_options()
@@ -187,7 +191,7 @@ class OrtCudaBackend:
             self._sessions.move_to_end(key)
             return sess
         if self.switch:
-            model, self._flags = build_switch_model(self._cat)
+            model, self._flags = build_switch_model(self._cat, self.switch_kind)
             model = _with_outputs(model, outputs)
         else:
             model = self._mixed_model(plan, outputs)

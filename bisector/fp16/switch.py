@@ -22,13 +22,20 @@ from onnx import TensorProto, helper
 
 from bisector.fp16.mixed import fp16_form
 from bisector.model.catalog import Catalog
-from bisector.model.graph import copy_without_initializers, graph_reads
+from bisector.model.graph import copy_without_initializers, graph_reads, rename_free, subgraphs
 
 FLAG_PREFIX = "bisector_fp16_"
 
 
-def build_switch_model(catalog: Catalog) -> tuple[onnx.ModelProto, dict[str, str]]:
-    """The switch model and its flag inputs: {candidate node name: bool graph input that makes it FP16}."""
+def build_switch_model(catalog: Catalog, kind: str = "where") -> tuple[onnx.ModelProto, dict[str, str]]:
+    """The switch model and its flag inputs: {candidate node name: bool graph input that makes it FP16}.
+
+    `kind`: "where" (default) computes both forms of every candidate and selects with `Where(flag, fp16, fp32)`
+    — twice the arithmetic, no control flow; "if" runs only the chosen form inside `If` — less arithmetic, but
+    each If subgraph costs ONNX Runtime's CUDA provider its own stream state (measured on an H100: 45 GB of GPU
+    memory for a 303-node detector, 15 ms per run against 3.2 ms for the FP32 model)."""
+    if kind not in ("where", "if"):
+        raise ValueError(f"switch model kind {kind!r}: where or if")
     src = catalog.model
     model = copy_without_initializers(src)
     model.ir_version = max(model.ir_version, 4)
@@ -49,7 +56,10 @@ def build_switch_model(catalog: Catalog) -> tuple[onnx.ModelProto, dict[str, str
         then_nodes, new_inits = fp16_form(catalog, node.name)
         for init in new_inits:
             inits.setdefault(init.name, init)  # one converted copy per weight, read by every branch that needs it
-        graph.node.append(_switch(node, then_nodes, flag, taken))
+        if kind == "if":
+            graph.node.append(_switch(node, then_nodes, flag, taken))
+        else:
+            graph.node.extend(_select(node, then_nodes, flag, taken, catalog.tensor_types))
     used = graph_reads(graph)  # subgraphs included: the branches read the converted weights
     graph.initializer.extend(i for name, i in inits.items() if name in used)
     return model, flags
@@ -76,6 +86,42 @@ def _switch(node: onnx.NodeProto, then_nodes: list[onnx.NodeProto], flag: str, t
                                           [onnx.ValueInfoProto(name=rename[t]) for t in outputs]))
     return helper.make_node("If", [flag], outputs, name=f"{node.name}__switch", then_branch=branches[0],
                             else_branch=branches[1])
+
+
+def _select(node: onnx.NodeProto, fp16_nodes: list[onnx.NodeProto], flag: str, taken: set[str],
+            types: dict[str, int]) -> list[onnx.NodeProto]:
+    """Both forms of `node` side by side, every output chosen by `Where(flag, fp16 form, fp32 form)`."""
+    outputs = [t for t in node.output if t]
+    out: list[onnx.NodeProto] = []
+    renamed = {}
+    for tag, body in (("fp16", fp16_nodes), ("fp32", [node])):
+        rename = {t: _unique(f"{t}__switch_{tag}", taken) for t in outputs}
+        # the FP16 form's own intermediate names (t__fp16, casts) are per node: keep them unique in the graph
+        inner = {t: _unique(f"{t}__{node.name}", taken) if tag == "fp16" else t
+                 for n in body for t in n.output if t and t not in rename}
+        for n in body:
+            copy = onnx.NodeProto()
+            copy.CopyFrom(n)
+            copy.output[:] = [rename.get(t, inner.get(t, t)) for t in n.output]
+            copy.input[:] = [rename.get(t, inner.get(t, t)) for t in n.input]
+            for g in subgraphs(copy):  # an FP16 If reads the FP16 values of its outer-scope inputs
+                rename_free(g, inner)
+            if tag == "fp16":  # node names are unique in a graph too (the Casts of one input repeat per reader)
+                copy.name = _unique(f"{n.name or node.name}__switch_fp16", taken)
+            out.append(copy)
+        renamed[tag] = rename
+    for t in outputs:
+        a, b = renamed["fp16"][t], renamed["fp32"][t]
+        name = _unique(f"{node.name}__switch_{t}", taken)
+        if types.get(t) == TensorProto.BOOL:  # ONNX Runtime has no Where for bool: (flag and a) or (not flag and b)
+            pick_a, pick_b, not_flag = (_unique(f"{name}_{k}", taken) for k in ("a", "b", "not"))
+            out += [helper.make_node("And", [flag, a], [pick_a], name=pick_a),
+                    helper.make_node("Not", [flag], [not_flag], name=not_flag),
+                    helper.make_node("And", [not_flag, b], [pick_b], name=pick_b),
+                    helper.make_node("Or", [pick_a, pick_b], [t], name=name)]
+        else:
+            out.append(helper.make_node("Where", [flag, a, b], [t], name=name))
+    return out
 
 
 def _unique(name: str, taken: set[str]) -> str:
