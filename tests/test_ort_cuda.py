@@ -102,7 +102,7 @@ def test_stand_in_records_cpu_placement():
 
 def test_session_cache_is_bounded():
     cat = Catalog.from_model(canary_model())
-    b = OrtCudaBackend(providers=[CPU_EP], session_cache_size=2)
+    b = OrtCudaBackend(providers=[CPU_EP], session_cache_size=2, switch=False)
     b.open(cat)
     x = {"x": np.ones(4, np.float32)}
     for fp32 in ([], ["canary_add"], ["canary_sub"], ["canary_add", "canary_sub"]):
@@ -140,7 +140,7 @@ def test_switch_mode_one_session_for_every_plan_and_the_same_outputs(monkeypatch
     from bisector.model.inputs import generate_inputs
 
     feeds = generate_inputs(cat, {"x": (1, 2)})[0]
-    per_plan = OrtCudaBackend(providers=[CPU_EP], graph_optimization="disable")
+    per_plan = OrtCudaBackend(providers=[CPU_EP], graph_optimization="disable", switch=False)
     monkeypatch.setenv("BISECTOR_ORT_CUDA_SWITCH", "1")
     switch = OrtCudaBackend(providers=[CPU_EP], graph_optimization="disable")
     assert switch.switch and not per_plan.switch
@@ -155,3 +155,16 @@ def test_switch_mode_one_session_for_every_plan_and_the_same_outputs(monkeypatch
         assert set(switch.cpu_fallback[plan.key()]["fp16_nodes"]) == set(per_plan.cpu_fallback[plan.key()]["fp16_nodes"])
     assert len(switch.session_times) == 1 and len(per_plan.session_times) == len(plans)
     assert switch.describe()["mode"] == "switch-where" and "mode" not in per_plan.describe()
+
+
+def test_switch_is_the_default_and_the_environment_chooses(monkeypatch):
+    monkeypatch.delenv("BISECTOR_ORT_CUDA_SWITCH", raising=False)
+    b = OrtCudaBackend(providers=[CPU_EP])
+    assert b.switch and b.switch_kind == "where"
+    monkeypatch.setenv("BISECTOR_ORT_CUDA_SWITCH", "0")
+    assert not OrtCudaBackend(providers=[CPU_EP]).switch
+    monkeypatch.setenv("BISECTOR_ORT_CUDA_SWITCH", "if")
+    assert OrtCudaBackend(providers=[CPU_EP]).switch_kind == "if"
+    monkeypatch.setenv("BISECTOR_ORT_CUDA_SWITCH", "yes please")
+    with pytest.raises(UsageError, match="BISECTOR_ORT_CUDA_SWITCH"):
+        OrtCudaBackend(providers=[CPU_EP])

@@ -1,8 +1,11 @@
 """`ort-cuda`: real FP16 kernels on an NVIDIA GPU through ONNX Runtime's CUDA execution provider (DESIGN §2, §4a).
 
-Each plan becomes its strongly typed mixed-precision ONNX (`mixed.build_mixed_model`: FP16 nodes have real FP16
-tensors, Casts at the boundaries, weights converted by the emulation's rule) and one ORT session on the GPU;
-sessions are cached per plan (LRU), so a plan judged twice is built once.
+By default one *switch model* serves every plan (`fp16.switch`: each candidate's FP16 form — exactly what every
+mixed model writes for it — beside its FP32 form, chosen per run by a boolean input), so the session, and cuDNN's
+algorithm search, happen once per search instead of once per plan: on an H100, a 303-node detector's search took
+6.7 s instead of 56 s (docs/verification.md, "Issue 14: one switch model"). BISECTOR_ORT_CUDA_SWITCH=0 gives each
+plan its strongly typed mixed-precision ONNX (`mixed.build_mixed_model`) and its own ORT session (cached per plan,
+LRU) — with ORT's fusions across neighbouring FP16 nodes, which the switch model cannot have.
 
 What this backend measures that `emulate` does not: the GPU kernels' own arithmetic (some FP16 kernels accumulate
 or compute intermediates in FP16) and ORT's fusions. What it cannot promise: a node that ORT places on the CPU
@@ -79,9 +82,9 @@ class OrtCudaBackend:
         self.session_times: list[float] = []
         # One switch model for every plan (bisector.fp16.switch): built and loaded once, a plan is a run with one
         # flag per candidate, so cuDNN's algorithm search runs once per search instead of once per plan.
-        env = os.environ.get(SWITCH_ENV, "0")
+        env = os.environ.get(SWITCH_ENV, "where")
         if env not in ("0", "1", "where", "if"):
-            raise UsageError(f"{SWITCH_ENV}={env!r}: 0 (a session per plan), 1 or where (the default switch model), if")
+            raise UsageError(f"{SWITCH_ENV}={env!r}: where (default) or 1, if, or 0 (a session per plan)")
         self.switch = (env != "0") if switch is None else bool(switch)
         self.switch_kind = "if" if env == "if" else "where"
         self._flags: dict[str, str] = {}
