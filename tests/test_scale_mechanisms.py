@@ -185,3 +185,28 @@ def test_session_variants_share_the_weights_instead_of_copying_them(tmp_path):
         be.run(Plan(fp32, cat.candidates), feeds)
     assert be.executor.sessions_built - built >= 4  # really new variants of the block
     assert rss_mb() - before < 100, f"{rss_mb() - before:.0f} MB for {be.executor.sessions_built - built} variants"
+
+
+def test_weightless_check_catches_what_the_checker_catches(monkeypatch):
+    """Large mixed models are checked without their weight bytes (the checker would serialise a copy); the
+    check still refuses a broken graph."""
+    import numpy as np
+    import onnx
+    import pytest
+    from onnx import TensorProto, helper, numpy_helper
+
+    from bisector.artifacts import write
+
+    w = numpy_helper.from_array(np.ones((64, 64), np.float32), "W")
+    node = helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])], initializer=[w])
+    good = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    write._check_weightless(good)
+    bad = onnx.ModelProto()
+    bad.CopyFrom(good)
+    bad.graph.node[0].input[1] = "missing"
+    with pytest.raises(onnx.checker.ValidationError):
+        write._check_weightless(bad)
+    with pytest.raises(onnx.checker.ValidationError):
+        onnx.checker.check_model(bad)

@@ -16,6 +16,7 @@ from bisector.errors import UsageError
 from bisector.fp16.mixed import build_mixed_model
 from bisector.artifacts.add_constraints import add_constraints_for, layer_precision_strings_for
 from bisector.artifacts.constraints import Constraints
+from bisector.model.graph import copy_without_initializers
 from bisector.files import clean_stale_temporaries, ensure_dir, remove_file, write_file_atomic, write_text_atomic
 from bisector.artifacts.report import render_report
 
@@ -84,8 +85,12 @@ def _mixed_files(mixed: onnx.ModelProto, path: Path) -> list[tuple[Path, Callabl
 
     Checked with onnx.checker before anything is written.
     """
-    if mixed.ByteSize() <= _catalog.PROTOBUF_LIMIT:
-        onnx.checker.check_model(mixed)
+    size = mixed.ByteSize()
+    if size <= _catalog.PROTOBUF_LIMIT:
+        if size > CHECK_WEIGHTLESS_BYTES:
+            _check_weightless(mixed)  # the checker serialises its argument: a second copy of every weight
+        else:
+            onnx.checker.check_model(mixed)
         data = mixed.SerializeToString()
         return [(path, lambda f: f.write(data))]
     data_path = path.with_name(path.name + ".data")
@@ -116,6 +121,21 @@ def _mixed_files(mixed: onnx.ModelProto, path: Path) -> list[tuple[Path, Callabl
             f.write(c if isinstance(c, bytes) else memoryview(c).cast("B"))
 
     return [(data_path, fill_data), (path, lambda f: f.write(model_bytes))]
+
+
+CHECK_WEIGHTLESS_BYTES = 256 * 2**20
+
+
+def _check_weightless(model: onnx.ModelProto) -> None:
+    """onnx.checker on `model` with its large initializers as typed graph inputs (the graph, types and names are
+    what can be wrong in a model we wrote; the weight bytes are numpy's)."""
+    light = copy_without_initializers(model)
+    light.graph.initializer.extend(i for i in model.graph.initializer if i.ByteSize() < EXTERNAL_MIN_BYTES)
+    declared = {i.name for i in light.graph.input}
+    light.graph.input.extend(onnx.helper.make_tensor_value_info(i.name, i.data_type, list(i.dims))
+                             for i in model.graph.initializer
+                             if i.ByteSize() >= EXTERNAL_MIN_BYTES and i.name not in declared)
+    onnx.checker.check_model(light)
 
 
 def _check_without_external_data(model: onnx.ModelProto) -> None:
