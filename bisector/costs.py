@@ -28,7 +28,7 @@ import math
 import onnx
 from onnx import shape_inference
 
-from bisector.model.graph import unique_node_names
+from bisector.model.graph import unique_node_names, weightless_copy
 
 __all__ = ["node_costs", "UNKNOWN_ELEMENTS"]
 
@@ -45,7 +45,9 @@ _BY_INPUT = {"Softmax", "LogSoftmax", "LayerNormalization", "InstanceNormalizati
 
 def _shapes(model: onnx.ModelProto) -> dict[str, list[int | None] | None]:
     try:
-        inferred = shape_inference.infer_shapes(model)
+        # without the weight bytes: inference serialises its model and parses the result (2 more copies of
+        # every weight: 1.27 GB of weights peaked the search at 8 GB)
+        inferred = shape_inference.infer_shapes(weightless_copy(model))
     except Exception:  # a model shape inference cannot handle: fall back to what the model declares
         inferred = model
     g = inferred.graph

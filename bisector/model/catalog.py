@@ -19,6 +19,7 @@ from onnx import TensorProto
 from bisector.errors import UsageError
 from bisector.model.graph import (
     consumers,
+    weightless_copy,
     copy_without_initializers,
     has_subgraph,
     node_reads,
@@ -253,28 +254,10 @@ def _assign_unique_names(graph: onnx.GraphProto) -> list[str]:
     return names
 
 
-def _light_copy(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The model without value_info and without the bytes of large initializers (dims and types kept), so that
-    shape inference neither trusts stale value_info nor copies and serialises the weights (a model of 1 GB of
-    weights would otherwise cost several GB of peak memory here, and one beyond 2 GB cannot be serialised)."""
-    light = copy_without_initializers(model)
-    del light.graph.value_info[:]
-    for init in model.graph.initializer:
-        stub = light.graph.initializer.add()
-        if init.ByteSize() > 4096:
-            stub.name, stub.data_type = init.name, init.data_type
-            stub.dims.extend(init.dims)
-            stub.data_location = TensorProto.EXTERNAL
-            stub.external_data.add(key="location", value="__not_loaded__")
-        else:
-            stub.CopyFrom(init)
-    return light
-
-
 def _infer_types(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
     """Types and shapes as ONNX infers them from the nodes alone (value_info ignored: it may be stale)."""
     try:
-        inferred = onnx.shape_inference.infer_shapes(_light_copy(model), strict_mode=False)
+        inferred = onnx.shape_inference.infer_shapes(weightless_copy(model), strict_mode=False)
     except Exception as exc:
         log.warning("ONNX shape inference failed (%s); tensor types come from the model's value_info", exc)
         return {}

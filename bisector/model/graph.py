@@ -159,6 +159,24 @@ def _copy_fields(src, dst, skip: str) -> None:
             setattr(dst, field.name, value)
 
 
+def weightless_copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model without value_info and without the bytes of large initializers (dims and types kept), so that
+    shape inference neither trusts stale value_info nor copies and serialises the weights (a model of 1 GB of
+    weights would otherwise cost several GB of peak memory here, and one beyond 2 GB cannot be serialised)."""
+    light = copy_without_initializers(model)
+    del light.graph.value_info[:]
+    for init in model.graph.initializer:
+        stub = light.graph.initializer.add()
+        if init.ByteSize() > 4096:
+            stub.name, stub.data_type = init.name, init.data_type
+            stub.dims.extend(init.dims)
+            stub.data_location = onnx.TensorProto.EXTERNAL
+            stub.external_data.add(key="location", value="__not_loaded__")
+        else:
+            stub.CopyFrom(init)
+    return light
+
+
 def unique_node_names(nodes: Iterable[onnx.NodeProto]) -> list[str]:
     """A unique, stable name per node: its own, else TensorRT's parser name `node_of_<first output>` (else
     `<op>_<i>`), with `_<k>` added to repeats. The nodes are not changed."""
