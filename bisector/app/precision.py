@@ -154,6 +154,9 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
         constraints.fp32_cost = {"set": sum(costs.get(n, 1.0) for n in result.fp32),
                                  "all_candidates": sum(costs.get(n, 1.0) for n in cat.candidates)}
         paths = None
+        # The search's sessions, weight copies and FP32 reference are not needed for the artifacts: free them
+        # before the mixed model is built (48-layer model, 1.27 GB of weights: peak 7.1 -> see docs/benchmarks.md).
+        job.backend.close()
         if output_dir is not None:
             from bisector.artifacts.write import write_artifacts
 
