@@ -134,7 +134,8 @@ class OrtCudaBackend:
         names = tuple(outputs) if outputs is not None else tuple(self._cat.output_names)
         sess = self._session(plan, names)
         flags = self._flags if self.switch else {}
-        feed = {i.name: np.asarray(feeds[i.name]) for i in sess.get_inputs() if i.name not in set(flags.values())}
+        flag_inputs = set(flags.values())
+        feed = {i.name: np.asarray(feeds[i.name]) for i in sess.get_inputs() if i.name not in flag_inputs}
         feed.update({flag: np.array(node in plan.fp16) for node, flag in flags.items()})
         try:
             if getattr(sess, "_bisector_profile", False):
@@ -299,10 +300,8 @@ def _with_outputs(model: onnx.ModelProto, outputs: tuple[str, ...]) -> onnx.Mode
     graph = model.graph
     have = {o.name for o in graph.output}
     produced = {t for n in graph.node for t in n.output} | {i.name for i in graph.input}
-    wanted = []
     for t in outputs:
         if t in have:
-            wanted.append(t)
             continue
         if t not in produced and fp16_name(t) in produced:
             graph.node.append(cast(fp16_name(t), t, FLOAT))
@@ -311,7 +310,6 @@ def _with_outputs(model: onnx.ModelProto, outputs: tuple[str, ...]) -> onnx.Mode
         vi = onnx.ValueInfoProto()
         vi.name = t
         graph.output.append(vi)
-        wanted.append(t)
     if set(outputs) != have:
         # Only the requested outputs, so ORT prunes nothing the caller needs and computes nothing it doesn't.
         keep = [o for o in graph.output if o.name in set(outputs)]
