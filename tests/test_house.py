@@ -19,7 +19,7 @@ LAYERS = [
     ("backends",),
     ("fp16",),
     ("model", "costs"),
-    ("compare", "values", "files", "errors", "budget", "text", "cores"),
+    ("compare", "values", "files", "errors", "budget", "text", "cores", "heap"),
 ]
 RANK = {name: i for i, names in enumerate(LAYERS) for name in names}
 

@@ -37,9 +37,71 @@ def test_spilled_reference_tensors_give_identical_outputs(monkeypatch):
     spilled.open(cat)
     got = [spilled.run(p, x)["y"] for p in _plans(cat, 6)]
     boundary = next(iter(spilled._boundaries.values()))
-    assert any(isinstance(v, np.memmap) for k, v in boundary.items() if k not in spilled.executor.weights)
+    assert boundary.spilled_bytes > 0 and not boundary.spilled_bytes > plain_boundary_bytes(plain)
     for e, g in zip(expected, got):
         np.testing.assert_array_equal(e, g)
+
+
+def plain_boundary_bytes(backend: EmulateBackend) -> int:
+    ref = next(iter(backend._boundaries.values()))
+    assert ref.spilled_bytes == 0  # the planted fixture's tensors are below the default 1 MiB threshold
+    return sum(np.asarray(ref[k]).nbytes for k in ref if k not in backend.executor.weights)
+
+
+def test_reference_store_keeps_large_tensors_out_of_the_process(monkeypatch, tmp_path):
+    from bisector.backends.emulate.reference import ReferenceStore, spill_threshold
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    store = ReferenceStore(1 << 20)
+    big = np.random.default_rng(0).standard_normal((3, 512, 512)).astype(np.float32)  # 3 MiB: spilled
+    small = np.arange(10, dtype=np.int64)
+    store["big"], store["small"] = big, small
+    assert store.spilled_bytes == big.nbytes and store["small"] is small
+    assert store.dtype_of("big") == np.float32 and store.dtype_of("missing") is None
+    got = store["big"]
+    np.testing.assert_array_equal(got, big)
+    assert got is not store["big"]  # a fresh copy per read: nothing held between evaluations
+    assert list(tmp_path.iterdir()) == []  # the file is unlinked at once: a killed search leaves nothing
+    monkeypatch.setenv("BISECTOR_ARRAY_SWAP_THRESHOLD_MB", "-1")
+    assert spill_threshold() is None
+    monkeypatch.delenv("BISECTOR_ARRAY_SWAP_THRESHOLD_MB")
+    assert spill_threshold() == 1 << 20
+
+
+def test_reference_store_holds_in_memory_when_the_disk_refuses(monkeypatch):
+    import os
+
+    from bisector.backends.emulate.reference import ReferenceStore
+
+    def full(*_a):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", full)
+    store = ReferenceStore(0)
+    a = np.ones((64, 64), np.float32)
+    store["a"] = a
+    assert store.spilled_bytes == 0 and store["a"] is a
+
+
+def test_fused_evaluation_keeps_only_live_tensors():
+    """run_changed drops a recomputed tensor once no later block reads it; the outputs are unchanged."""
+    from bisector.fp16.points import rounding_points
+
+    model, planted = chain_model(200, width=16)
+    cat = Catalog.from_model(model)
+    be = EmulateBackend(block_size=16)
+    be.open(cat)
+    x = {"x": np.random.default_rng(2).uniform(1, 2, (1, 16)).astype(np.float32)}
+    plan = Plan(frozenset(), cat.candidates)  # everything FP16: every block recomputed
+    ref = be._boundary_reference(x)
+    changed = be.executor.run_changed(ref, rounding_points(cat, plan), fused=True)
+    assert set(changed) == set(cat.output_names)
+    np.testing.assert_allclose(be.run(plan, x)["y"], be.run_all(plan, x)["y"], rtol=1e-6, atol=1e-6)
+    every = be.executor.run_changed(be.reference(x), rounding_points(cat, plan), fused=False)
+    assert len(every) > len(be.executor.blocks)  # node by node returns every tensor, as run_all needs
 
 
 def test_large_blocks_with_cached_specs_agree_with_node_by_node():
@@ -210,3 +272,13 @@ def test_weightless_check_catches_what_the_checker_catches(monkeypatch):
         write._check_weightless(bad)
     with pytest.raises(onnx.checker.ValidationError):
         onnx.checker.check_model(bad)
+
+
+def test_glibc_heap_threshold_is_fixed_where_glibc_runs():
+    import ctypes.util
+    import platform
+
+    from bisector.heap import keep_large_blocks_mapped
+
+    expected = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc" and bool(ctypes.util.find_library("c"))
+    assert keep_large_blocks_mapped() is expected

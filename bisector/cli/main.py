@@ -19,6 +19,7 @@ import typer
 from bisector import __version__
 from bisector.cli.argv import expand_multi_value_flags, split_check
 from bisector.errors import BisectorError
+from bisector.heap import keep_large_blocks_mapped
 from bisector.text import terminal
 
 app = typer.Typer(
@@ -68,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
 
     Flag errors are click's (exit 2, its usage message); ours are BisectorError with their own exit code.
     """
+    keep_large_blocks_mapped()  # freed activations go back to the system (bisector.heap)
     args = split_check(expand_multi_value_flags(list(sys.argv[1:] if argv is None else argv)))
     verbose = "--verbose" in args or "-v" in args
     with _safe_streams(), _sigint():

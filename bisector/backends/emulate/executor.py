@@ -23,6 +23,7 @@ import onnx
 import onnxruntime as ort
 from onnx import helper
 
+from bisector.backends.emulate.reference import ReferenceStore, spill_threshold
 from bisector.cores import usable_cores
 from bisector.errors import BackendFailure
 from bisector.fp16 import rules
@@ -30,7 +31,6 @@ from bisector.fp16.arithmetic import split_bias_epilogue
 from bisector.fp16.casts import raw_name, round_trip, rounded_name
 from bisector.fp16.points import Read, RoundingPoints
 from bisector.model.catalog import Catalog
-from bisector.model.golden import spill
 from bisector.model.graph import has_subgraph, nonempty, weight_values
 
 # Tensors of these ONNX element types are what FP16 storage changes.
@@ -85,6 +85,10 @@ class NodeExecutor:
         # weight). Off: a 4-layer transformer's search held 1065 -> 565 MB over 308 variants, and searches ran
         # as fast or faster (no packing per session build; docs/benchmarks.md, "Scale, second round").
         opts.add_session_config_entry("session.disable_prepacking", "1")
+        # No memory pattern: with it each session asks the shared arena for one block as large as all its
+        # intermediates together on every run, and the arena keeps the largest of them per size class (conv net
+        # search: 280 -> 244 MB peak, same wall time within noise).
+        opts.enable_mem_pattern = False
         # Always explicit: ORT's default (every physical core, pinned) ignores taskset, cpusets and CPU quotas.
         opts.intra_op_num_threads = self._threads or usable_cores()
         return opts
@@ -97,24 +101,27 @@ class NodeExecutor:
         return w
 
     # ---- whole-model runs ------------------------------------------------------------------------------------
-    def run_reference(self, feeds: Mapping[str, np.ndarray], boundary_only: bool = False) -> dict[str, np.ndarray]:
+    def run_reference(self, feeds: Mapping[str, np.ndarray], boundary_only: bool = False) -> ReferenceStore:
         """Every tensor of the model computed in FP32 (weights and graph inputs included).
 
         `boundary_only`: just the tensors that cross block boundaries (and graph outputs), computed with the
         fused all-FP32 block sessions — all that fused plan evaluation reads, at about one inference's cost.
-        Arrays beyond BISECTOR_ARRAY_SWAP_THRESHOLD_MB are kept in memory-mapped files (`golden.spill`): a
-        search then holds the reference on disk, read back page by page where an evaluation needs it."""
-        env: dict[str, np.ndarray] = dict(self.weights)
-        env.update({k: np.asarray(v) for k, v in feeds.items()})
+        Computed tensors from 1 MiB up (BISECTOR_ARRAY_SWAP_THRESHOLD_MB when set) are kept on disk and read
+        back per use (`reference.ReferenceStore`): a search holds the reference in the page cache, not in RAM."""
+        env = ReferenceStore(spill_threshold())
+        for k, v in self.weights.items():
+            env.hold(k, v)
+        for k, v in feeds.items():
+            env.hold(k, np.asarray(v))
         for block in self.blocks:
             if boundary_only and block.fusable:
                 specs = tuple(self.spec(n, None, env) for n in block.nodes)
                 outs = self._run_block(block, [env[t] for t in block.inputs], specs)
-                env.update(zip(block.outputs, map(spill, outs)))
+                env.update(zip(block.outputs, outs))
                 continue
             for node in block.nodes:
                 outs = self.run_node(node, [env[t] for t in self.catalog.node_inputs(node.name)])
-                env.update(zip(nonempty(node.output), map(spill, outs)))
+                env.update(zip(nonempty(node.output), outs))
         return env
 
     def run_changed(self, reference: Mapping[str, np.ndarray], points: RoundingPoints,
@@ -134,6 +141,7 @@ class NodeExecutor:
             if fused and block.fusable:
                 specs = self._block_spec(block, points, values)
                 changed.update(zip(block.outputs, self._run_block(block, [values[t] for t in block.inputs], specs)))
+                self._forget_dead(changed, block)
                 continue
             # Node by node. With a boundary-only reference (fused mode) block-internal values are not stored, so
             # every node of a touched block runs, producing them; otherwise only the cone is recomputed.
@@ -143,7 +151,16 @@ class NodeExecutor:
                     continue
                 outs = self.run_node(node, [values[t] for t in inputs], *self.spec(node, points, values))
                 changed.update(zip(nonempty(node.output), outs))
+            if fused:
+                self._forget_dead(changed, block)
         return changed
+
+    def _forget_dead(self, changed: dict[str, np.ndarray], block: "_Block") -> None:
+        """Drop recomputed tensors no later block reads (graph outputs stay): an evaluation then holds only its
+        live set, as ORT's own memory plan does, instead of every tensor of the cone (conv net: the changed
+        activations of all 16 blocks at once). Fused mode only: `run_all` returns every tensor."""
+        for t in block.dies_after:
+            changed.pop(t, None)
 
     def _block_spec(self, block: "_Block", points: RoundingPoints, tensors: Mapping[str, np.ndarray]) -> tuple:
         """The specs of a block's nodes, cached: they depend only on which of its nodes, and which producers of
@@ -167,7 +184,12 @@ class NodeExecutor:
         return reads, tuple(rounds and self._is_float32(o, tensors) for o in nonempty(node.output))
 
     def _is_float32(self, tensor: str, tensors: Mapping[str, np.ndarray]) -> bool:
-        if tensor in tensors:
+        dtype_of = getattr(tensors, "dtype_of", None)  # a ReferenceStore (or an Overlay on one): no disk read
+        if dtype_of is not None:
+            dtype = dtype_of(tensor)
+            if dtype is not None:
+                return dtype == np.float32
+        elif tensor in tensors:
             return tensors[tensor].dtype == np.float32
         return self.catalog.tensor_types.get(tensor, onnx.TensorProto.FLOAT) == onnx.TensorProto.FLOAT
 
@@ -367,6 +389,7 @@ class _Block:
         self.index, self.nodes, self.inputs, self.outputs = index, nodes, inputs, outputs
         self.fusable = fusable
         self.input_producers: list[str] = []  # producers of the block's inputs (none for graph inputs, weights)
+        self.dies_after: list[str] = []  # tensors (not graph outputs) no block after this one reads
 
 
 def _partition(catalog: Catalog, size: int) -> list[_Block]:
@@ -383,6 +406,15 @@ def _partition(catalog: Catalog, size: int) -> list[_Block]:
                    if o and (o in graph_outputs or readers.get(o, set()) - {ci})]
         blocks.append(_Block(ci, chunk, inputs, outputs, len(chunk) > 1 and not any(_unfusable(catalog, n) for n in chunk)))
         blocks[-1].input_producers = [catalog.producers[t] for t in inputs if t in catalog.producers]
+    last_read: dict[str, int] = {}
+    for b in blocks:
+        for t in b.inputs:
+            last_read[t] = b.index
+        for o in b.outputs:
+            last_read.setdefault(o, b.index)
+    for t, ci in last_read.items():
+        if t not in graph_outputs:
+            blocks[ci].dies_after.append(t)
     return blocks
 
 
@@ -417,6 +449,14 @@ class Overlay(Mapping):
 
     def __contains__(self, key):
         return key in self._changed or key in self._reference
+
+    def dtype_of(self, key) -> np.dtype | None:
+        if key in self._changed:
+            return np.asarray(self._changed[key]).dtype
+        dtype_of = getattr(self._reference, "dtype_of", None)
+        if dtype_of is not None:
+            return dtype_of(key)
+        return np.asarray(self._reference[key]).dtype if key in self._reference else None
 
     def __iter__(self):
         return iter(self._reference)
