@@ -282,3 +282,33 @@ def test_glibc_heap_threshold_is_fixed_where_glibc_runs():
 
     expected = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc" and bool(ctypes.util.find_library("c"))
     assert keep_large_blocks_mapped() is expected
+
+
+def test_converted_weights_are_bounded_and_evaluations_unchanged():
+    """Sessions holding FP16-rounded weights beyond the budget are evicted, and the rounded copies go with them;
+    every output is what an unbounded executor computes."""
+    from .conftest import FIXTURES
+
+    cat = Catalog.load(FIXTURES / "exported" / "cnn.onnx")
+    x = {cat.input_names[0]: np.random.default_rng(3).uniform(-1, 1, (1, 3, 64, 64)).astype(np.float32)}
+    plans = _plans(cat, 8) + [Plan(frozenset(), cat.candidates)]
+    free = EmulateBackend()
+    free.open(cat)
+    expected = [free.run(p, x) for p in plans]
+    assert len(free.executor._converted) > 2  # unbounded: every rounded weight stays
+    bounded = EmulateBackend()
+    bounded.open(cat)
+    bounded.executor.converted_budget = 1  # nothing may stay beyond the newest session
+    for p, e in zip(plans, expected):
+        got = bounded.run(p, x)
+        for k in e:
+            np.testing.assert_array_equal(got[k], e[k])
+        ex = bounded.executor
+        assert ex._converted_held <= max(ex.converted_budget, max(
+            (getattr(s, "_bisector_converted", 0) for s in ex._sessions.values()), default=0))
+    import gc
+
+    gc.collect()
+    # rounded copies live only while a cached session reads them
+    assert len(bounded.executor._converted) < len(free.executor._converted)
+    assert bounded.executor.sessions_built > free.executor.sessions_built  # evicted variants were rebuilt

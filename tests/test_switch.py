@@ -60,7 +60,7 @@ def test_switch_model_is_valid_and_all_fp32_is_the_model(name):
     cat, feeds, switch, flags = _setup(name)
     onnx.checker.check_model(switch, full_check=True)
     assert set(flags) == set(cat.candidates) and len(set(flags.values())) == len(flags)
-    original = _session(cat.model).run(None, feeds)
+    original = _session(cat.full_model()).run(None, feeds)
     assert _same(_run_switch(_session(switch), feeds, flags, frozenset()), original)
 
 

@@ -26,6 +26,7 @@ from bisector.compare import OutputComparison, compare_output, indices_match, no
 from bisector.errors import UsageError
 from bisector.model.catalog import Catalog
 from bisector.model.polyjson import Feeds
+from bisector.model.weights import ort_session
 
 log = logging.getLogger("bisector")
 
@@ -259,7 +260,7 @@ def _run_onnxrt(catalog: Catalog, feeds_list: Sequence[Feeds], names: list[str])
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     try:
-        session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        session = ort_session(model, catalog.weight_arrays, opts, ["CPUExecutionProvider"])
     except Exception as exc:
         raise UsageError(f"ONNX Runtime cannot load {catalog.path}: {exc}") from None
     outs, runtimes = [], []

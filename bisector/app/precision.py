@@ -283,17 +283,12 @@ MIXED_SKIP_BYTES = int(float(os.environ.get("BISECTOR_MIXED_SKIP_MB", "64")) * 2
 
 def _model_bytes(cat) -> int:
     """The model's bytes on disk: its file and the external data files its initializers name."""
-    path = Path(cat.path)
-    total, seen = path.stat().st_size, set()
-    for init in cat.model.graph.initializer:
-        if init.data_location == onnx.TensorProto.EXTERNAL:
-            loc = next((e.value for e in init.external_data if e.key == "location"), None)
-            if loc and loc not in seen:
-                seen.add(loc)
-                try:
-                    total += (path.parent / loc).stat().st_size
-                except OSError:
-                    pass
+    total = Path(cat.path).stat().st_size
+    for f in cat.external_files:
+        try:
+            total += f.stat().st_size
+        except OSError:
+            pass
     return total
 
 

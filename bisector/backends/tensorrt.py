@@ -413,7 +413,7 @@ class _WeakNetwork:
     def __init__(self, engines: _EngineBuilder, catalog: "Catalog", precision_constraints: str) -> None:
         self.trt = engines.trt
         self.precision_constraints = precision_constraints
-        self.network, self.parser = engines.parse(catalog.model.SerializeToString())
+        self.network, self.parser = engines.parse(catalog.full_model().SerializeToString())
         self.layers: dict[str, list[int]] = match_layers(self.network, catalog.names, subgraph_aliases(catalog.model))
         self.unmapped_candidates = frozenset(catalog.candidates).difference(self.layers)
         self.pinned = sorted(n for n in catalog.pinned if n in self.layers)

@@ -26,7 +26,7 @@ def to_bf16(model, catalog: "Catalog"):
             if name.endswith(suffix):
                 src = name[: -len(suffix)]
                 if src in originals:
-                    return numpy_helper.to_array(originals[src])
+                    return np.asarray(catalog.value(src))
                 if src in constants:
                     return constant_value(constants[src])
         return None

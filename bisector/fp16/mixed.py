@@ -42,7 +42,7 @@ def build_mixed_model(catalog: Catalog, plan: Plan | frozenset[str]) -> onnx.Mod
     emit = NodeWriter(catalog, rounding_points(catalog, plan))
     for node in src.graph.node:
         graph.node.extend(emit.node(node))
-    _add_used_initializers(model, list(src.graph.initializer) + emit.new_inits)
+    _add_used_initializers(model, list(src.graph.initializer) + emit.new_inits, catalog.materialized)
     return model
 
 
@@ -80,8 +80,7 @@ class NodeWriter:
             return name
         self.created.add(name)
         if t in catalog.weights:
-            value = (numpy_helper.to_array(self.initializers[t]) if t in self.initializers
-                     else constant_value(self.constants[t]))
+            value = catalog.value(t) if t in self.initializers else constant_value(self.constants[t])
             converted = rules.round_activation(value).astype("float16") if as_param else rules.weight_rule(value)
             self.new_inits.append(numpy_helper.from_array(converted, name))
         else:
@@ -186,12 +185,13 @@ def _round_outer_reads(node: onnx.NodeProto, fp16_of: dict[str, str]) -> None:
         g.node.extend(nodes)
 
 
-def _add_used_initializers(model: onnx.ModelProto, initializers: list[onnx.TensorProto]) -> None:
-    """Add the initializers something still reads, and drop Constant nodes nobody reads any more (weights now
-    only read as FP16)."""
+def _add_used_initializers(model: onnx.ModelProto, initializers: list[onnx.TensorProto],
+                           materialized=lambda t: t) -> None:
+    """Add the initializers something still reads (stubs filled in by `materialized`: the catalog's), and drop
+    Constant nodes nobody reads any more (weights now only read as FP16)."""
     graph = model.graph
     used = graph_reads(graph)  # subgraphs included: a branch may read an outer initializer
-    graph.initializer.extend(i for i in initializers if i.name in used)
+    graph.initializer.extend(materialized(i) for i in initializers if i.name in used)
     # IR 3 models list every initializer as a graph input too: a weight not read any more must not stay behind as
     # a required input without its value
     dropped = {i.name for i in initializers} - used

@@ -61,7 +61,7 @@ def build_switch_model(catalog: Catalog, kind: str = "where") -> tuple[onnx.Mode
         else:
             graph.node.extend(_select(node, then_nodes, flag, taken, catalog.tensor_types))
     used = graph_reads(graph)  # subgraphs included: the branches read the converted weights
-    graph.initializer.extend(i for name, i in inits.items() if name in used)
+    graph.initializer.extend(catalog.materialized(i) for name, i in inits.items() if name in used)
     return model, flags
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
+import numpy as np
 import onnx
 from onnx import TensorProto
 
@@ -25,7 +26,9 @@ from bisector.model.graph import (
     node_reads,
     outer_scope_inputs,
     unique_node_names,
+    weight_values,
 )
+from bisector.model import weights as weight_store
 from bisector.model.optable import (
     NEVER_CANDIDATES,
     is_parameter_input,
@@ -53,7 +56,10 @@ class Catalog:
     tensor_types: dict[str, int]
     weights: frozenset[str]
     outer_inputs: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    external_data: bool = False  # the file keeps its weights in external data files (loaded into `model` here)
+    external_data: bool = False  # the file keeps its weights in external data files (mapped, not loaded)
+    # Values of the initializers `model` keeps only as stubs (bisector.model.weights): the one copy of them
+    weight_arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    external_files: tuple[Path, ...] = ()  # the external data files the model file names
 
     # ---- loading -------------------------------------------------------------------------------------------
     @classmethod
@@ -64,8 +70,11 @@ class Catalog:
         from bisector.files import protect
 
         protect(path, "the input model")  # no output of this process may overwrite it (-o, --json, ...)
-        catalog = cls.from_model(model, path=path, sha256=_digest(path, model))
-        catalog.external_data = external
+        sha256 = _digest(path, model)
+        files = tuple(weight_store.external_files(model, path.parent))
+        model, arrays = weight_store.detach(model, path)  # the parsed weights go with the old protobuf
+        catalog = cls.from_model(model, path=path, sha256=sha256)
+        catalog.external_data, catalog.weight_arrays, catalog.external_files = external, arrays, files
         return catalog
 
     @classmethod
@@ -110,6 +119,31 @@ class Catalog:
             weights=weights,
             outer_inputs=outer,
         )
+
+    # ---- weight values (the protobuf holds stubs for the large ones: bisector.model.weights) ----------------
+    def value(self, name: str) -> np.ndarray:
+        """An initializer's or Constant's value (a read-only map or array: never change it in place)."""
+        v = self.weight_arrays.get(name)
+        if v is not None:
+            return v
+        return self.weight_values()[name]
+
+    def weight_values(self) -> dict[str, np.ndarray]:
+        """Every top-level initializer and Constant output by name (DESIGN §4: a Constant is a weight); the
+        large ones are the catalog's own arrays, not copies."""
+        values = weight_values(self.model.graph, skip=self.weight_arrays)
+        values.update(self.weight_arrays)
+        return values
+
+    def full_model(self) -> onnx.ModelProto:
+        """`model` with every stub's bytes filled in: a second copy of the weights, for writers and parsers
+        that need a complete protobuf (TensorRT's). Prefer `value`/`share_into` where they serve."""
+        if not self.weight_arrays:
+            return self.model
+        return weight_store.materialize(self.model, self.weight_arrays)
+
+    def materialized(self, t: TensorProto) -> TensorProto:
+        return weight_store.materialize_tensor(t, self.weight_arrays)
 
     # ---- views ---------------------------------------------------------------------------------------------
     @cached_property
@@ -215,18 +249,8 @@ def _load_model(path: Path) -> tuple[onnx.ModelProto, bool]:
         raise UsageError(f"{path} is not a readable ONNX model ({type(exc).__name__}: {exc})") from None
     if not model.graph.node and not model.graph.output:
         raise UsageError(f"{path} is not a readable ONNX model (no graph)")
-    try:
-        from onnx.external_data_helper import (
-            load_external_data_for_model,
-            uses_external_data,
-        )
-
-        external = any(uses_external_data(t) for t in model.graph.initializer)
-        if external:
-            load_external_data_for_model(model, str(path.parent))
-    except Exception as exc:
-        raise UsageError(f"{path}: cannot load its external data files ({exc})") from None
-    return model, external
+    # External data is not loaded here: `weights.detach` maps it from its files (one copy, the file's pages).
+    return model, any(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer)
 
 
 def _digest(path: Path, model: onnx.ModelProto) -> str:

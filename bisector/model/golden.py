@@ -19,6 +19,7 @@ import numpy as np
 import onnxruntime as ort
 
 from bisector.model import catalog as _catalog
+from bisector.model import weights as weight_store
 from bisector.files import write_file_atomic
 from bisector.model.catalog import Catalog
 from bisector.errors import UsageError
@@ -113,7 +114,11 @@ def run_reference_model(catalog: Catalog, feeds_list: Sequence[Feeds]) -> list[F
     opts.log_severity_level = 3
     try:
         session = None
-        if catalog.external_data and catalog.path.is_file():
+        if catalog.weight_arrays:
+            # On the catalog's own arrays (mapped from external data, or converted once): no second copy of
+            # the weights in the session, and no 2 GB protobuf limit (the protobuf holds stubs).
+            session = weight_store.ort_session(catalog.model, catalog.weight_arrays, opts, ["CPUExecutionProvider"])
+        elif catalog.external_data and catalog.path.is_file():
             # ONNX Runtime reads the file and its external data itself: no serialised copy of the weights (beyond
             # 2 GB SerializeToString fails; below, it doubles the peak memory of a model with 1 GB of weights).
             try:

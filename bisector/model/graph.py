@@ -128,9 +128,9 @@ def constant_value(node: onnx.NodeProto) -> np.ndarray:
     raise BackendFailure(f"Constant node {node.name!r} has an attribute we cannot read")
 
 
-def weight_values(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
-    """Initializers and Constant node outputs by name (DESIGN §4: a Constant is a weight)."""
-    values = {i.name: onnx.numpy_helper.to_array(i) for i in graph.initializer}
+def weight_values(graph: onnx.GraphProto, skip=()) -> dict[str, np.ndarray]:
+    """Initializers (but those in `skip`) and Constant node outputs by name (DESIGN §4: a Constant is a weight)."""
+    values = {i.name: onnx.numpy_helper.to_array(i) for i in graph.initializer if i.name not in skip}
     values.update({n.output[0]: constant_value(n) for n in graph.node if n.op_type == "Constant"})
     return values
 

@@ -15,6 +15,7 @@ emulation of the whole graph would do, at ORT's vectorised cast speed.
 from __future__ import annotations
 
 import time
+import weakref
 from collections import OrderedDict
 from typing import Callable, Mapping
 
@@ -31,7 +32,7 @@ from bisector.fp16.arithmetic import split_bias_epilogue
 from bisector.fp16.casts import raw_name, round_trip, rounded_name
 from bisector.fp16.points import Read, RoundingPoints
 from bisector.model.catalog import Catalog
-from bisector.model.graph import has_subgraph, nonempty, weight_values
+from bisector.model.graph import has_subgraph, nonempty
 
 # Tensors of these ONNX element types are what FP16 storage changes.
 _NP_TO_ONNX = {np.dtype(k): v for k, v in {
@@ -62,8 +63,14 @@ class NodeExecutor:
         self.max_sessions = max(MAX_SESSIONS, 4 * len(self.blocks))
         self._threads = threads
         self._opts = self._options()
-        self.weights: dict[str, np.ndarray] = weight_values(catalog.model.graph)
-        self._converted: dict[str, np.ndarray] = {}
+        self.weights: dict[str, np.ndarray] = catalog.weight_values()
+        # Converted (FP16-rounded) weights live as long as a cached session reads them, and sessions are evicted
+        # once the converted weights they hold pass `converted_budget`: an all-FP16 evaluation would otherwise
+        # keep a second, rounded copy of every weight (a 1.27 GB model: +1.27 GB at the search's peak).
+        self._converted: weakref.WeakValueDictionary[str, np.ndarray] = weakref.WeakValueDictionary()
+        weight_bytes = sum(int(np.asarray(v).nbytes) for v in self.weights.values())
+        self.converted_budget = max(CONVERTED_BUDGET_MIN, weight_bytes // 4)
+        self._converted_held = 0  # bytes of converted weights the cached sessions hold (shared ones counted per session)
         self._specs: dict[tuple, tuple] = {}
         self.sessions_built = 0
         self.build_seconds = 0.0  # time spent building sessions (a one-time cost per node variant and block)
@@ -97,7 +104,8 @@ class NodeExecutor:
         """A weight as an FP16 (BF16) reader holds it (`rules.round_weight_as`), computed once."""
         w = self._converted.get(weight)
         if w is None:
-            w = self._converted[weight] = rules.round_weight_as(self.storage, self.weights[weight])
+            w = rules.round_weight_as(self.storage, self.weights[weight])
+            self._converted[weight] = w
         return w
 
     # ---- whole-model runs ------------------------------------------------------------------------------------
@@ -305,6 +313,8 @@ class NodeExecutor:
         except Exception as exc:
             raise BackendFailure(f"ONNX Runtime cannot build {what} on its own: {exc}") from None
         sess._bisector_shared = shared  # type: ignore[attr-defined]  # the arrays must outlive the session
+        sess._bisector_converted = sum(int(np.asarray(v).nbytes) for t, v in weights.items()  # type: ignore[attr-defined]
+                                       if v is not self.weights.get(t))
         self.sessions_built += 1
         self.build_seconds += time.perf_counter() - t0
         return sess
@@ -323,11 +333,14 @@ class NodeExecutor:
 
     def _keep(self, key: tuple, sess: ort.InferenceSession) -> ort.InferenceSession:
         self._sessions[key] = sess
-        while len(self._sessions) > self.max_sessions:
+        self._converted_held += getattr(sess, "_bisector_converted", 0)
+        while len(self._sessions) > 1 and (len(self._sessions) > self.max_sessions
+                                           or self._converted_held > self.converted_budget):
             try:
-                self._sessions.popitem(last=False)
+                _, old = self._sessions.popitem(last=False)
             except KeyError:
                 break
+            self._converted_held -= getattr(old, "_bisector_converted", 0)
         if len(self._specs) > 8 * self.max_sessions:
             self._specs.clear()
         return sess
@@ -359,6 +372,7 @@ class NodeExecutor:
 
 
 MAX_SESSIONS = 1024  # session variants kept at least (4 per block in larger models)
+CONVERTED_BUDGET_MIN = 256 << 20  # converted weights cached sessions may hold: this, or a quarter of the weights
 _SHARE_BYTES = 4096  # weights from this size up are handed to sessions as arrays, not serialised into them
 _ARENA: list[bool] = []  # [registered?], once per process
 
