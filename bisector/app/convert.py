@@ -33,8 +33,8 @@ def convert(model: str | Path, output: str | Path | None, *, fp16: bool = False,
         raise UsageError(f"convert: option(s) {' '.join(extra_args)} apply to TensorRT builds only")
     if convert_to not in (None, "onnx") or output.suffix != ".onnx":
         raise UsageError(f"convert -o {output}: bisector writes ONNX only (-o FILE.onnx)")
-    from bisector.files import write_bytes_atomic
-    from bisector.fp16.mixed import build_mixed_model
+    from bisector.artifacts.write import mixed_model_files
+    from bisector.files import write_file_atomic
     from bisector.fp16.plan import Plan
     from bisector.model.catalog import Catalog
 
@@ -50,5 +50,6 @@ def convert(model: str | Path, output: str | Path | None, *, fp16: bool = False,
         keep |= set(layer_precisions_to_plan(cat, specs))
     plan = Plan(frozenset(n for n in keep if n in cat.candidates), cat.candidates) if fp16 else \
         Plan.all_fp32(cat.candidates)
-    write_bytes_atomic(output, build_mixed_model(cat, plan).SerializeToString())
+    for path, fill in mixed_model_files(cat, plan, Path(output)):  # external data first, the model last
+        write_file_atomic(path, fill)
     return output

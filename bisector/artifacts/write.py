@@ -7,13 +7,15 @@ import time
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
 from bisector.model import catalog as _catalog
 from bisector.model.catalog import Catalog
 from bisector.errors import UsageError
-from bisector.fp16.mixed import build_mixed_model
+from bisector.fp16.mixed import build_mixed_detached
+from bisector.model import weights as weight_store
 from bisector.artifacts.add_constraints import add_constraints_for, layer_precision_strings_for
 from bisector.artifacts.constraints import Constraints
 from bisector.model.graph import copy_without_initializers
@@ -53,7 +55,7 @@ def write_artifacts(out_dir: Path, catalog: Catalog, constraints: Constraints, e
     # one first, so that a run that fails half way (disk full) never leaves new artifacts beside an old one.
     # Build everything in memory first: a failure here leaves no artifact of this run behind.
     if mixed:
-        mixed_files = _mixed_files(build_mixed_model(catalog, frozenset(fp32)), paths["mixed"])
+        mixed_files = mixed_model_files(catalog, frozenset(fp32), paths["mixed"])
     else:
         mixed_files = []
         for stale in (paths.pop("mixed"), out / "model.mixed.onnx.data"):
@@ -69,6 +71,8 @@ def write_artifacts(out_dir: Path, catalog: Catalog, constraints: Constraints, e
 
     for path, fill in mixed_files:  # external data first, the model that names it last
         write_file_atomic(path, fill)
+    if mixed and len(mixed_files) == 1:  # one file now: a .data file of an earlier, larger run is stale
+        remove_file(out / "model.mixed.onnx.data")
     write_text_atomic(paths["add_constraints"], script)
     write_text_atomic(paths["layer_precisions"], json.dumps(strings, indent=2) + "\n")
     write_text_atomic(paths["report"], report)
@@ -78,6 +82,48 @@ def write_artifacts(out_dir: Path, catalog: Catalog, constraints: Constraints, e
 
 
 EXTERNAL_MIN_BYTES = 1024  # initializers at least this large go to the .data file of a large mixed model
+# Mixed models whose weights pass this go to .onnx + .onnx.data, streamed from the arrays: one file would mean a
+# protobuf of every weight plus its serialised bytes at once (a 1.27 GB model: 2.8 GB peak writing it).
+EXTERNAL_DATA_FROM_BYTES = 256 * 2**20
+
+
+def mixed_model_files(catalog: Catalog, plan, path: Path) -> list[tuple[Path, Callable]]:
+    """The mixed model of `plan` as files to write (see `_mixed_files`); large weights stream from arrays."""
+    model, values = build_mixed_detached(catalog, plan)
+    if sum(int(np.asarray(v).nbytes) for v in values.values()) < EXTERNAL_DATA_FROM_BYTES:
+        return _mixed_files(weight_store.materialize(model, values), path)
+    return _external_files(model, values, path)
+
+
+def _external_files(model: onnx.ModelProto, values: dict, path: Path) -> list[tuple[Path, Callable]]:
+    """`model` (stubs for `values`) as .onnx + .onnx.data, the data written straight from the arrays."""
+    data_path = path.with_name(path.name + ".data")
+    layout: list[tuple[int, np.ndarray]] = []
+    offset = 0
+    for init in model.graph.initializer:
+        if not weight_store.is_stub(init):
+            continue
+        raw = np.ascontiguousarray(values[init.name])
+        offset += (-offset) % 4096  # aligned, as onnx.save_model does, so runtimes can map it
+        del init.external_data[:]
+        for key, value in (("location", data_path.name), ("offset", str(offset)), ("length", str(raw.nbytes))):
+            init.external_data.add(key=key, value=value)
+        layout.append((offset, raw))
+        offset += raw.nbytes
+    if model.ByteSize() > _catalog.PROTOBUF_LIMIT:
+        raise UsageError("the mixed model is beyond 2 GB even without its weights; it cannot be saved as ONNX")
+    _check_without_external_data(model)
+    model_bytes = model.SerializeToString()
+
+    def fill_data(f):
+        at = 0
+        for start, raw in layout:
+            if start > at:
+                f.write(bytes(start - at))
+            f.write(memoryview(raw.reshape(-1).view(np.uint8)))
+            at = start + raw.nbytes
+
+    return [(data_path, fill_data), (path, lambda f: f.write(model_bytes))]
 
 
 def _mixed_files(mixed: onnx.ModelProto, path: Path) -> list[tuple[Path, Callable]]:

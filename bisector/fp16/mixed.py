@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import onnx
-from onnx import numpy_helper
+from onnx import helper, numpy_helper
 
 from bisector.fp16 import rules
 from bisector.fp16.casts import FLOAT, FLOAT16, cast, fp16_name, raw_name, rounded_name
 from bisector.fp16.plan import Plan
 from bisector.fp16.points import Read, RoundingPoints, rounding_points
+from bisector.model import weights as weight_store
 from bisector.model.catalog import Catalog
 from bisector.model.graph import constant_value, copy_without_initializers, graph_reads, rename_free, subgraphs
 
@@ -29,6 +31,14 @@ _ANY_TYPE_READERS = frozenset({"Shape", "Size", "Cast", "CastLike"})
 
 def build_mixed_model(catalog: Catalog, plan: Plan | frozenset[str]) -> onnx.ModelProto:
     """The mixed-precision model: `plan` (or an FP32 set) FP32, every other candidate FP16."""
+    model, values = build_mixed_detached(catalog, plan)
+    return weight_store.materialize(model, values)
+
+
+def build_mixed_detached(catalog: Catalog, plan: Plan | frozenset[str]) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """The mixed model with its large weights as stubs (`bisector.model.weights`), and their values: the
+    catalog's own arrays for FP32 weights, new arrays for the FP16 copies. A writer streams them to an
+    external data file without a protobuf copy of the weights (`artifacts.write`)."""
     if not isinstance(plan, Plan):
         plan = Plan(frozenset(plan), catalog.candidates)
     src = catalog.model
@@ -39,11 +49,12 @@ def build_mixed_model(catalog: Catalog, plan: Plan | frozenset[str]) -> onnx.Mod
     graph = model.graph
     del graph.node[:]
     del graph.value_info[:]  # stale after retyping; consumers re-infer
-    emit = NodeWriter(catalog, rounding_points(catalog, plan))
+    emit = NodeWriter(catalog, rounding_points(catalog, plan), detached=True)
     for node in src.graph.node:
         graph.node.extend(emit.node(node))
-    _add_used_initializers(model, list(src.graph.initializer) + emit.new_inits, catalog.materialized)
-    return model
+    _add_used_initializers(model, list(src.graph.initializer) + emit.new_inits)
+    values = {**catalog.weight_arrays, **emit.new_values}
+    return model, {i.name: values[i.name] for i in graph.initializer if weight_store.is_stub(i)}
 
 
 def fp16_form(catalog: Catalog, node: str) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
@@ -59,8 +70,12 @@ class NodeWriter:
     """Writes the nodes of the mixed model one source node at a time under `points` (FP16 tensors are created
     once and shared by every FP16 reader; converted weights collect in `new_inits`)."""
 
-    def __init__(self, catalog: Catalog, points: RoundingPoints, all_outputs_fp32: bool = False):
+    def __init__(self, catalog: Catalog, points: RoundingPoints, all_outputs_fp32: bool = False,
+                 detached: bool = False):
         self.catalog, self.points = catalog, points
+        # detached: large converted weights become stubs, their arrays in `new_values` (else TensorProtos)
+        self.detached = detached
+        self.new_values: dict[str, np.ndarray] = {}
         src = catalog.model
         self.initializers = {i.name: i for i in src.graph.initializer}
         self.constants = {n.output[0]: n for n in src.graph.node if n.op_type == "Constant"}
@@ -82,7 +97,12 @@ class NodeWriter:
         if t in catalog.weights:
             value = catalog.value(t) if t in self.initializers else constant_value(self.constants[t])
             converted = rules.round_activation(value).astype("float16") if as_param else rules.weight_rule(value)
-            self.new_inits.append(numpy_helper.from_array(converted, name))
+            if self.detached and converted.nbytes >= weight_store.DETACH_MIN_BYTES:
+                self.new_values[name] = converted
+                self.new_inits.append(weight_store.stub(name, helper.np_dtype_to_tensor_dtype(converted.dtype),
+                                                        converted.shape))
+            else:
+                self.new_inits.append(numpy_helper.from_array(converted, name))
         else:
             out_nodes.append(cast(t, name, FLOAT16))
         return name
@@ -185,13 +205,12 @@ def _round_outer_reads(node: onnx.NodeProto, fp16_of: dict[str, str]) -> None:
         g.node.extend(nodes)
 
 
-def _add_used_initializers(model: onnx.ModelProto, initializers: list[onnx.TensorProto],
-                           materialized=lambda t: t) -> None:
-    """Add the initializers something still reads (stubs filled in by `materialized`: the catalog's), and drop
-    Constant nodes nobody reads any more (weights now only read as FP16)."""
+def _add_used_initializers(model: onnx.ModelProto, initializers: list[onnx.TensorProto]) -> None:
+    """Add the initializers something still reads, and drop Constant nodes nobody reads any more (weights now
+    only read as FP16)."""
     graph = model.graph
     used = graph_reads(graph)  # subgraphs included: a branch may read an outer initializer
-    graph.initializer.extend(materialized(i) for i in initializers if i.name in used)
+    graph.initializer.extend(i for i in initializers if i.name in used)
     # IR 3 models list every initializer as a graph input too: a weight not read any more must not stay behind as
     # a required input without its value
     dropped = {i.name for i in initializers} - used

@@ -1,0 +1,121 @@
+"""One copy of the weights (bisector.model.weights): the catalog's protobuf keeps stubs, values live once as
+arrays (external data memory-mapped), and every reader and writer still sees the model's exact weights."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from bisector.artifacts import write
+from bisector.fp16.mixed import build_mixed_model
+from bisector.fp16.plan import Plan
+from bisector.model import weights as weight_store
+from bisector.model.catalog import Catalog
+from bisector.model.inputs import generate_inputs
+
+from .conftest import FIXTURES
+
+CNN = FIXTURES / "exported" / "cnn.onnx"
+EXTERNAL = FIXTURES / "constructs" / "external_data.onnx"
+
+
+def _session(model: onnx.ModelProto) -> ort.InferenceSession:
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def test_catalog_keeps_stubs_and_the_values_once():
+    original = onnx.load(str(CNN))
+    cat = Catalog.load(CNN)
+    large = {i.name for i in original.graph.initializer if i.ByteSize() >= weight_store.DETACH_MIN_BYTES}
+    assert large and set(cat.weight_arrays) == large
+    for init in cat.model.graph.initializer:
+        assert weight_store.is_stub(init) == (init.name in large)
+        assert not (weight_store.is_stub(init) and init.raw_data)
+    full = cat.full_model()
+    for a, b in zip(original.graph.initializer, full.graph.initializer):
+        np.testing.assert_array_equal(onnx.numpy_helper.to_array(a), onnx.numpy_helper.to_array(b))
+    for name in large:  # value() is the one array, not a copy
+        assert cat.value(name) is cat.weight_arrays[name]
+
+
+def test_external_data_is_mapped_not_loaded(tmp_path):
+    cat = Catalog.load(EXTERNAL)
+    arrays = cat.weight_arrays
+    assert arrays and all(isinstance(v, np.memmap) for v in arrays.values())
+    loaded = onnx.load(str(EXTERNAL))  # onnx's own loader, as the reference
+    for init in loaded.graph.initializer:
+        if init.name in arrays:
+            np.testing.assert_array_equal(np.asarray(arrays[init.name]), onnx.numpy_helper.to_array(init))
+    assert cat.external_files == (EXTERNAL.parent / f"{EXTERNAL.name}.data",)
+
+
+@pytest.mark.parametrize("damage", ["short", "escape"])
+def test_bad_external_data_is_a_usage_error_naming_the_model(tmp_path, damage):
+    from bisector.errors import UsageError
+
+    model = onnx.load(str(EXTERNAL), load_external_data=False)
+    d = tmp_path / "m"
+    d.mkdir()
+    shutil.copy(EXTERNAL.parent / f"{EXTERNAL.name}.data", d / "w.data")
+    for init in model.graph.initializer:
+        for e in init.external_data:
+            if e.key == "location":
+                e.value = "w.data" if damage == "short" else "../w.data"
+    if damage == "short":
+        with open(d / "w.data", "r+b") as f:
+            f.truncate(16)
+    onnx.save(model, str(d / "m.onnx"))
+    with pytest.raises(UsageError, match="m.onnx"):
+        Catalog.load(d / "m.onnx")
+
+
+def test_reference_session_on_shared_arrays_matches_the_file():
+    from bisector.model.golden import run_reference_model
+
+    cat = Catalog.load(CNN)
+    feeds = generate_inputs(cat, {}, {})[0]
+    got = run_reference_model(cat, [feeds])[0]
+    want = ort.InferenceSession(str(CNN), providers=["CPUExecutionProvider"]).run(None, feeds)
+    for a, b in zip(got.values(), want):
+        # prepacking is off on shared arrays (it would copy every MatMul/Conv weight): MLAS then accumulates in
+        # another order, a last-bit difference, never a different verdict at any tolerance a user can ask
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_large_mixed_models_stream_their_weights_to_external_data(tmp_path, monkeypatch):
+    """Past EXTERNAL_DATA_FROM_BYTES the mixed model is written as .onnx + .onnx.data from the arrays; it loads
+    and computes exactly what the one-file mixed model computes."""
+    cat = Catalog.load(CNN)
+    plan = Plan(frozenset(cat.candidates[::3]), cat.candidates)
+    feeds = generate_inputs(cat, {}, {})[0]
+    single = _session(build_mixed_model(cat, plan)).run(None, feeds)
+    monkeypatch.setattr(write, "EXTERNAL_DATA_FROM_BYTES", 0)
+    path = tmp_path / "model.mixed.onnx"
+    files = write.mixed_model_files(cat, plan, path)
+    assert [p.name for p, _ in files] == ["model.mixed.onnx.data", "model.mixed.onnx"]
+    for p, fill in files:
+        with open(p, "wb") as f:
+            fill(f)
+    onnx.checker.check_model(str(path))
+    stored = onnx.load(str(path), load_external_data=False)
+    assert any(i.data_location == onnx.TensorProto.EXTERNAL for i in stored.graph.initializer)
+    assert all(not weight_store.is_stub(i) for i in stored.graph.initializer)
+    streamed = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
+    for a, b in zip(single, streamed):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_convert_writes_external_data_for_large_weights(tmp_path, monkeypatch):
+    from bisector.app.convert import convert
+
+    monkeypatch.setattr(write, "EXTERNAL_DATA_FROM_BYTES", 0)
+    out = tmp_path / "x.onnx"
+    convert(CNN, out, fp16=True, fp32=[])
+    assert (tmp_path / "x.onnx.data").stat().st_size > 0
+    onnx.checker.check_model(str(out))
