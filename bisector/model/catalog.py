@@ -19,6 +19,7 @@ from onnx import TensorProto
 
 from bisector.errors import UsageError
 from bisector.model.graph import (
+    constant_value,
     consumers,
     weightless_copy,
     copy_without_initializers,
@@ -126,7 +127,14 @@ class Catalog:
         v = self.weight_arrays.get(name)
         if v is not None:
             return v
-        return self.weight_values()[name]
+        init = self._inline_initializers.get(name)
+        if init is not None:
+            return onnx.numpy_helper.to_array(init)
+        return constant_value(self.nodes[self.producers[name]])
+
+    @cached_property
+    def _inline_initializers(self) -> dict[str, TensorProto]:
+        return {i.name: i for i in self.model.graph.initializer if i.name not in self.weight_arrays}
 
     def weight_values(self) -> dict[str, np.ndarray]:
         """Every top-level initializer and Constant output by name (DESIGN §4: a Constant is a weight); the
