@@ -83,6 +83,47 @@ def default_command(path: Path, args: list[str], out: Path) -> tuple[float, floa
     return wall, peak_rss_mb(r.stderr), int(c["evaluations"]["new"]), f"{len(c['fp32_nodes'])} FP32"
 
 
+def unet_model(h: int = 384, w: int = 768, base: int = 16) -> onnx.ModelProto:
+    """A segmentation-style encoder-decoder no issue names: skip connections keep full-resolution activations
+    alive across many blocks, and the output is a full-resolution map (what a text detector computes)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(7)
+    nodes, inits = [], []
+
+    def conv(x, cin, cout, name, stride=1):
+        wt = f"{name}_w"
+        inits.append(numpy_helper.from_array(
+            (rng.standard_normal((cout, cin, 3, 3)) / np.sqrt(cin * 9)).astype(np.float32), wt))
+        nodes.append(helper.make_node("Conv", [x, wt], [f"{name}_c"], name=name, pads=[1, 1, 1, 1],
+                                      strides=[stride, stride]))
+        nodes.append(helper.make_node("Relu", [f"{name}_c"], [f"{name}_r"], name=f"{name}_relu"))
+        return f"{name}_r"
+
+    scales = numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "up_scales")
+    inits.append(scales)
+    e1 = conv(conv("x", 3, base, "e1a"), base, base, "e1b")
+    e2 = conv(conv(e1, base, 2 * base, "e2a", 2), 2 * base, 2 * base, "e2b")
+    e3 = conv(conv(e2, 2 * base, 4 * base, "e3a", 2), 4 * base, 4 * base, "e3b")
+    b = conv(e3, 4 * base, 4 * base, "mid")
+    off = numpy_helper.from_array(np.array(30000.0, np.float32), "off")  # planted: large-offset cancellation
+    inits.append(off)
+    nodes.append(helper.make_node("Add", [b, "off"], ["pa"], name="planted_add"))
+    nodes.append(helper.make_node("Sub", ["pa", "off"], ["ps"], name="planted_sub"))
+    x, skips, cin = "ps", [(e2, 2 * base), (e1, base)], 4 * base
+    for i, (skip, cs) in enumerate(skips):
+        nodes.append(helper.make_node("Resize", [x, "", "up_scales"], [f"up{i}"], name=f"up{i}", mode="nearest"))
+        nodes.append(helper.make_node("Concat", [f"up{i}", skip], [f"cat{i}"], name=f"cat{i}", axis=1))
+        x, cin = conv(f"cat{i}", cin + cs, cs, f"d{i}"), cs
+    wt = "head_w"
+    inits.append(numpy_helper.from_array((rng.standard_normal((1, cin, 1, 1)) / np.sqrt(cin)).astype(np.float32), wt))
+    nodes.append(helper.make_node("Conv", [x, wt], ["logits"], name="head"))
+    nodes.append(helper.make_node("Sigmoid", ["logits"], ["y"], name="prob"))
+    graph = helper.make_graph(nodes, "unet", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, h, w])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, h, w])], initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
 def models(tmp: Path) -> list[tuple]:
     """(name, path, tolerance flags, input ranges[, input shapes]). Generated models: bench/scale.py's chain and transformer,
     bench/parallel.py's planted transformer, bench/emulate_speed.py's conv net."""
@@ -105,6 +146,7 @@ def models(tmp: Path) -> list[tuple]:
     gen.append(("conv 16x64 144²", conv, ["--atol", "1e-2", "--rtol", "1e-2"], {}))
     tf, _ = parallel.planted_transformer(4, 512, 256)
     gen.append(("transformer 4x512 s256", tf, ["--atol", "1e-1", "--rtol", "1e-1"], {}))
+    gen.append(("unet 384x768", unet_model(), ["--atol", "1e-3", "--rtol", "1e-3"], {}))
     for name, m, args, ranges in gen:
         p = tmp / (re.sub(r"\W+", "_", name) + ".onnx")
         onnx.save(m, p)

@@ -64,13 +64,13 @@ def test_a_changed_weight_rule_reaches_emulation_profile_and_mixed_model(monkeyp
     np.testing.assert_allclose(emulated, mixed, rtol=1e-6, atol=1e-6)
 
     # the weight rule, changed in its one home: flush instead of clamp (65504 -> 0) and halve the rest
-    original = rules.weight_rule
+    original = rules.round_weight
 
     def flushing(a):
         a = np.asarray(a, np.float32)
         return original(np.where(np.abs(a) > rules.FP16_MAX, 0, a) * 0.5)
 
-    monkeypatch.setattr(rules, "weight_rule", flushing)
+    monkeypatch.setattr(rules, "round_weight", flushing)
     emulated2, mixed2, score2 = _three_ways(Catalog.from_model(_model()), feeds)
     assert not np.allclose(emulated2, emulated)  # the emulation followed
     np.testing.assert_allclose(emulated2, mixed2, rtol=1e-6, atol=1e-6)  # and the mixed model with it

@@ -1,0 +1,84 @@
+"""FP32 -> FP16 (and back) conversion through ONNX Runtime's Cast kernel.
+
+numpy converts to float16 element by element in C (no F16C): 4-5 ns per value, which made weight conversion
+most of a large model's search (1.27 GB of weights: ~9 s of conversions). ORT's CPU Cast uses the hardware
+conversion instructions: 10-25x faster, and bit-identical (IEEE round-to-nearest-even, overflow to inf,
+underflow to ±0 — the same as numpy; tests/test_fp16_rules.py compares them). Callers decide what to do about
+overflow and underflow; this module only converts. Falls back to numpy where ORT cannot run the Cast.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+_SESSIONS: dict[str, object] = {}
+_LOCK = threading.Lock()
+
+
+def _session(kind: str):
+    sess = _SESSIONS.get(kind)
+    if sess is None:
+        with _LOCK:
+            sess = _SESSIONS.get(kind)
+            if sess is None:
+                import onnxruntime as ort
+                from onnx import TensorProto, helper
+
+                from bisector.cores import usable_cores
+
+                src = TensorProto.FLOAT16 if kind == "float" else TensorProto.FLOAT
+                if kind == "float":
+                    nodes = [helper.make_node("Cast", ["a"], ["y"], to=TensorProto.FLOAT)]
+                else:
+                    nodes = [helper.make_node("Cast", ["a"], ["h" if kind == "round" else "y"], to=TensorProto.FLOAT16)]
+                out = TensorProto.FLOAT16 if kind == "half" else TensorProto.FLOAT
+                if kind == "round":
+                    nodes.append(helper.make_node("Cast", ["h"], ["y"], to=TensorProto.FLOAT))
+                graph = helper.make_graph(nodes, "fastcast", [helper.make_tensor_value_info("a", src, None)],
+                                          [helper.make_tensor_value_info("y", out, None)])
+                model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+                opts = ort.SessionOptions()
+                opts.intra_op_num_threads = usable_cores()
+                opts.log_severity_level = 3
+                opts.enable_cpu_mem_arena = False  # an arena would keep the largest weight's buffers for good
+                # the Cast pair is the point: no optimiser may fold it away
+                opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+                sess = _SESSIONS[kind] = ort.InferenceSession(model.SerializeToString(), opts,
+                                                              providers=["CPUExecutionProvider"])
+    return sess
+
+
+def _run(kind: str, a: np.ndarray) -> np.ndarray | None:
+    if a.dtype != (np.float16 if kind == "float" else np.float32) or a.size == 0:
+        return None
+    try:
+        out = _session(kind).run(None, {"a": np.ascontiguousarray(a)})[0]
+    except Exception:  # noqa: BLE001 - an ORT without the kernel or the shape: numpy below, same values
+        return None
+    return out.reshape(a.shape)  # a 0-d array comes back with shape (1,)
+
+
+def to_half(a: np.ndarray) -> np.ndarray:
+    """`a.astype(float16)` for an FP32 array."""
+    out = _run("half", a)
+    if out is None:
+        with np.errstate(over="ignore", invalid="ignore"):
+            return a.astype(np.float16)
+    return out
+
+
+def to_float(h: np.ndarray) -> np.ndarray:
+    """`h.astype(float32)` for an FP16 array (exact)."""
+    out = _run("float", h)
+    return h.astype(np.float32) if out is None else out
+
+
+def round_half(a: np.ndarray) -> np.ndarray:
+    """`a.astype(float16).astype(float32)` for an FP32 array."""
+    out = _run("round", a)
+    if out is None:
+        with np.errstate(over="ignore", invalid="ignore"):
+            return a.astype(np.float16).astype(np.float32)
+    return out

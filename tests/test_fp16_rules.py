@@ -1,0 +1,67 @@
+"""The weight rule's fast paths (ORT's Cast for the conversion, reductions instead of masks) give exactly the
+values of the plain definition: clamp finite values to ±65504, lift nonzero values below 2^-24, round to nearest
+even. Compared bit for bit on values chosen at every edge of the rule."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bisector.fp16 import fastcast, rules
+
+
+def _definition(a: np.ndarray) -> np.ndarray:
+    a = np.asarray(a, dtype=np.float32)
+    finite = np.isfinite(a)
+    clamped = np.where(finite, np.clip(a, -rules.FP16_MAX, rules.FP16_MAX), a)
+    tiny = finite & (clamped != 0) & (np.abs(clamped) < rules.FP16_MIN_SUBNORMAL)
+    lifted = np.where(tiny, np.copysign(np.float32(rules.FP16_MIN_SUBNORMAL), clamped), clamped)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return lifted.astype(np.float16)
+
+
+EDGES = [2.0**-25, -(2.0**-25), 0.75 * 2.0**-24, 2.0**-24, 1.5 * 2.0**-25, 6e-8, 65504.0, 65519.0, 65520.0,
+         -65521.0, 1e30, np.nan, np.inf, -np.inf, -0.0, 0.0, 3e-8, 1.0 + 2.0**-11, 1.0 + 3 * 2.0**-11]
+RNG = np.random.default_rng(0)
+CASES = [RNG.standard_normal(5000).astype(np.float32) * s for s in (1e-9, 1e-7, 1e-3, 1.0, 3e4, 1e5)]
+CASES += [np.array(EDGES, np.float32), np.array([0.0], np.float32), np.zeros(0, np.float32),
+          np.array([[1.0, 2.0], [3.0, 4.0]], np.float32), np.array(5.0, np.float32),
+          RNG.standard_normal((64, 3, 3, 3)).astype(np.float32)]
+CASES += [np.concatenate([c, [e]]).astype(np.float32) for c in CASES[:3] for e in (np.nan, 2.0**-26, 70000.0)]
+
+
+@pytest.mark.parametrize("i", range(len(CASES)))
+def test_weight_rule_is_the_definition_bit_for_bit(i):
+    a = CASES[i]
+    got, want = rules.weight_rule(a), _definition(a)
+    assert got.dtype == np.float16 and got.shape == want.shape
+    assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
+    back = rules.round_weight(a)
+    assert back.dtype == np.float32 and np.array_equal(back.view(np.uint32), want.astype(np.float32).view(np.uint32))
+
+
+@pytest.mark.parametrize("i", range(len(CASES)))
+def test_ort_cast_is_numpys_cast(i):
+    a = CASES[i]
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = a.astype(np.float16)
+    assert np.array_equal(fastcast.to_half(a).view(np.uint16), want.view(np.uint16))
+    assert np.array_equal(fastcast.round_half(a).view(np.uint32), want.astype(np.float32).view(np.uint32))
+
+
+def test_numpy_fallback_when_ort_cannot_cast(monkeypatch):
+    def broken(kind):
+        raise RuntimeError("no Cast kernel")
+
+    monkeypatch.setattr(fastcast, "_session", broken)
+    a = CASES[3]
+    assert np.array_equal(rules.weight_rule(a).view(np.uint16), _definition(a).view(np.uint16))
+    assert np.array_equal(fastcast.round_half(a), a.astype(np.float16).astype(np.float32))
+
+
+def test_ort_fp16_to_fp32_is_exact():
+    bits = np.arange(0, 1 << 16, dtype=np.uint32).astype(np.uint16)  # every FP16 value, NaNs included
+    h = bits.view(np.float16)
+    got, want = fastcast.to_float(h), h.astype(np.float32)
+    assert np.array_equal(got, want, equal_nan=True)
+    assert np.array_equal(np.isnan(got), np.isnan(want))
