@@ -124,7 +124,7 @@ def unet_model(h: int = 384, w: int = 768, base: int = 16) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
-def models(tmp: Path) -> list[tuple]:
+def models(tmp: Path, large: bool = False) -> list[tuple]:
     """(name, path, tolerance flags, input ranges[, input shapes]). Generated models: bench/scale.py's chain and transformer,
     bench/parallel.py's planted transformer, bench/emulate_speed.py's conv net."""
     import parallel
@@ -151,6 +151,13 @@ def models(tmp: Path) -> list[tuple]:
         p = tmp / (re.sub(r"\W+", "_", name) + ".onnx")
         onnx.save(m, p)
         out.append((name, p, args, ranges))
+    if large:  # issue 14 item 3: >= 1 GB of external weights, >= 2000 nodes
+        m, _ = scale.transformer_model(48, 768, 64)
+        (tmp / "large").mkdir()
+        p = scale.save(m, tmp / "large" / "transformer48.onnx", external=True)
+        del m
+        out.append(("transformer 48x768 (1.27 GB external)", p,
+                    ["--atol", "1e-1", "--rtol", "1e-1", "--val-range", "x:[-1,1]"], {"x": (-1, 1)}))
     return [(*m, {}) if len(m) == 4 else m for m in out]
 
 
@@ -158,13 +165,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--only", default=None, help="comma-separated model names (prefixes)")
+    ap.add_argument("--large", action="store_true", help="also the generated 48-layer transformer (1.27 GB)")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as td:
         tmp = Path(td)
         print("| model | nodes | one inference | its peak RSS | evaluations | default command wall (median) | "
               "peak RSS | (wall − 2 s) / (evals × inference) | RSS ratio |")
         print("|---|---|---|---|---|---|---|---|---|")
-        for name, path, args, ranges, shapes in models(tmp):
+        for name, path, args, ranges, shapes in models(tmp, a.large):
             if a.only and not any(name.startswith(o) for o in a.only.split(",")):
                 continue
             ranges = ranges or {}
