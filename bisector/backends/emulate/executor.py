@@ -31,6 +31,7 @@ from bisector.fp16 import rules
 from bisector.fp16.arithmetic import split_bias_epilogue
 from bisector.fp16.casts import raw_name, round_trip, rounded_name
 from bisector.fp16.points import Read, RoundingPoints
+from bisector.model import weights as weight_store
 from bisector.model.catalog import Catalog
 from bisector.model.graph import has_subgraph, nonempty
 
@@ -283,22 +284,15 @@ class NodeExecutor:
         ORT uses the caller's buffer, no copy; with prepacking off, measured 1.8 MB per session for a 64 MB
         weight against 66 MB with `add_external_initializers` alone and 153 MB embedded)."""
         model = self.catalog.model
-        opts, shared, initializers = self._opts, [], []
+        shared: dict[str, np.ndarray] = {}
+        initializers = []
         for t, v in weights.items():
             v = np.asarray(v)
-            if v.dtype in _NP_TO_ONNX and v.nbytes >= _SHARE_BYTES and v.flags.c_contiguous:
-                stub = onnx.TensorProto(name=t, data_type=_NP_TO_ONNX[v.dtype], dims=v.shape,
-                                        data_location=onnx.TensorProto.EXTERNAL)
-                stub.external_data.add(key="location", value="bisector-in-memory")
-                initializers.append(stub)
-                shared.append((t, ort.OrtValue.ortvalue_from_numpy(v)))
+            if v.dtype in _NP_TO_ONNX and v.nbytes >= weight_store.SHARE_MIN_BYTES and v.flags.c_contiguous:
+                initializers.append(weight_store.stub(t, _NP_TO_ONNX[v.dtype], v.shape))
+                shared[t] = v
             else:
                 initializers.append(onnx.numpy_helper.from_array(v, t))
-        if shared:
-            opts = self._options()
-            opts.add_external_initializers([t for t, _ in shared], [o for _, o in shared])
-            for t, o in shared:  # and use our buffer as is: no copy per session (below)
-                opts.add_initializer(t, o)
         graph = helper.make_graph(
             nodes,
             "bisector_part",
@@ -307,12 +301,14 @@ class NodeExecutor:
             initializer=initializers,
         )
         part = helper.make_model(graph, opset_imports=_with_default_opset(model), ir_version=min(model.ir_version, 10))
+        opts = self._options() if shared else self._opts  # per-session initializers: options of its own
+        held = weight_store.share_into(opts, graph, shared)
         t0 = time.perf_counter()
         try:
             sess = ort.InferenceSession(part.SerializeToString(), opts, providers=["CPUExecutionProvider"])
         except Exception as exc:
             raise BackendFailure(f"ONNX Runtime cannot build {what} on its own: {exc}") from None
-        sess._bisector_shared = shared  # type: ignore[attr-defined]  # the arrays must outlive the session
+        sess._bisector_shared = held  # type: ignore[attr-defined]  # the arrays must outlive the session
         sess._bisector_converted = sum(int(np.asarray(v).nbytes) for t, v in weights.items()  # type: ignore[attr-defined]
                                        if v is not self.weights.get(t))
         self.sessions_built += 1
@@ -373,7 +369,6 @@ class NodeExecutor:
 
 MAX_SESSIONS = 1024  # session variants kept at least (4 per block in larger models)
 CONVERTED_BUDGET_MIN = 256 << 20  # converted weights cached sessions may hold: this, or a quarter of the weights
-_SHARE_BYTES = 4096  # weights from this size up are handed to sessions as arrays, not serialised into them
 _ARENA: list[bool] = []  # [registered?], once per process
 
 
