@@ -23,6 +23,7 @@ Runtime FP32 inference's peak RSS and wall (a subprocess), the search's peak RSS
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -268,6 +269,14 @@ def large(tmp: Path, layers: int, d: int, seq: int) -> None:
     if r["rc"] not in (0, 1):
         print("\n".join(r["err"]), file=sys.stderr)
     print(f"peak ratio search / one inference: {r['peak_mb'] / plain['peak_mb']:.2f}")
+    try:
+        n_evals = json.loads((tmp / "out" / "constraints.json").read_text())["evaluations"]["new"]
+        cold = float(plain["out"][-1].split()[1])
+        print(f"wall ratio (wall - 2 s) / (evaluations x one inference incl. loading the model, {cold:.2f} s): "
+              f"{max(0.0, r['wall'] - 2) / (n_evals * cold):.2f}  (bench/default_command.py --large: the same "
+              "against a warm inference)")
+    except (OSError, KeyError, ValueError, IndexError) as exc:
+        print(f"wall ratio not computed: {exc}")
 
 
 if __name__ == "__main__":
