@@ -312,3 +312,22 @@ def test_converted_weights_are_bounded_and_evaluations_unchanged():
     # rounded copies live only while a cached session reads them
     assert len(bounded.executor._converted) < len(free.executor._converted)
     assert bounded.executor.sessions_built > free.executor.sessions_built  # evicted variants were rebuilt
+
+
+@pytest.mark.skipif(__import__("bisector.cores", fromlist=["usable_cores"]).usable_cores() < 2,
+                    reason="one usable core: no session has pool threads to count")
+def test_sessions_on_small_tensors_keep_no_idle_threads():
+    """Each ORT session owns its intra-op pool; hundreds of block sessions on small tensors used to leave hundreds
+    of idle threads (thousands on a 16-core host). They run on the caller's thread alone now."""
+    import os
+
+    model, _ = chain_model(600, width=16)
+    cat = Catalog.from_model(model)
+    be = EmulateBackend(block_size=8)
+    be.open(cat)
+    x = {"x": np.random.default_rng(4).uniform(1, 2, (1, 16)).astype(np.float32)}
+    before = len(os.listdir("/proc/self/task"))
+    for plan in _plans(cat, 6):
+        be.run(plan, x)
+    assert be.executor.sessions_built > 60
+    assert len(os.listdir("/proc/self/task")) - before < 10

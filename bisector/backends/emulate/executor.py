@@ -64,6 +64,7 @@ class NodeExecutor:
         self.max_sessions = max(MAX_SESSIONS, 4 * len(self.blocks))
         self._threads = threads
         self._opts = self._options()
+        self._opts_small = self._options(threads=1)
         self.weights: dict[str, np.ndarray] = catalog.weight_values()
         # Converted (FP16-rounded) weights live as long as a cached session reads them, and sessions are evicted
         # once the converted weights they hold pass `converted_budget`: an all-FP16 evaluation would otherwise
@@ -76,7 +77,7 @@ class NodeExecutor:
         self.sessions_built = 0
         self.build_seconds = 0.0  # time spent building sessions (a one-time cost per node variant and block)
 
-    def _options(self) -> ort.SessionOptions:
+    def _options(self, threads: int | None = None) -> ort.SessionOptions:
         opts = ort.SessionOptions()
         # ALL enables the NCHWc layout kernels (Conv is several times faster with them). Spinning is off:
         # hundreds of per-node sessions each keep a thread pool, and spinning pools starve each other.
@@ -98,7 +99,7 @@ class NodeExecutor:
         # search: 280 -> 244 MB peak, same wall time within noise).
         opts.enable_mem_pattern = False
         # Always explicit: ORT's default (every physical core, pinned) ignores taskset, cpusets and CPU quotas.
-        opts.intra_op_num_threads = self._threads or usable_cores()
+        opts.intra_op_num_threads = threads or self._threads or usable_cores()
         return opts
 
     def converted(self, weight: str) -> np.ndarray:
@@ -301,7 +302,16 @@ class NodeExecutor:
             initializer=initializers,
         )
         part = helper.make_model(graph, opset_imports=_with_default_opset(model), ir_version=min(model.ir_version, 10))
-        opts = self._options() if shared else self._opts  # per-session initializers: options of its own
+        # Each session owns an intra-op pool of that many threads, idle between runs: hundreds of block sessions
+        # on a 16-core host meant thousands of threads (what a container's pids limit counts). A session on
+        # small tensors gains nothing from threads (ORT does not split them), so it runs on the caller's thread
+        # alone (5000-node chain: ~500 sessions, 500 threads -> 1).
+        small = max((np.asarray(v).nbytes for v in inputs.values()), default=0) < _SMALL_TENSOR_BYTES and \
+            sum(np.asarray(v).nbytes for v in weights.values()) < _SMALL_WEIGHT_BYTES
+        if shared:  # per-session initializers: options of its own
+            opts = self._options(threads=1 if small else None)
+        else:
+            opts = self._opts_small if small else self._opts
         held = weight_store.share_into(opts, graph, shared)
         t0 = time.perf_counter()
         try:
@@ -368,6 +378,8 @@ class NodeExecutor:
 
 
 MAX_SESSIONS = 1024  # session variants kept at least (4 per block in larger models)
+_SMALL_TENSOR_BYTES = 64 * 1024  # sessions whose inputs and weights are all this small run single-threaded
+_SMALL_WEIGHT_BYTES = 1 << 20
 CONVERTED_BUDGET_MIN = 256 << 20  # converted weights cached sessions may hold: this, or a quarter of the weights
 _ARENA: list[bool] = []  # [registered?], once per process
 
