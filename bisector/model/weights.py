@@ -152,13 +152,15 @@ def share_into(opts, graph: onnx.GraphProto, values: Mapping[str, np.ndarray]) -
 
 
 def ort_session(model: onnx.ModelProto, values: Mapping[str, np.ndarray], opts, providers: list[str]):
-    """An ONNX Runtime session of `model` (stubs and all) running on `values` without copying them."""
+    """An ONNX Runtime session of `model` (stubs and all) running on `values` without copying them.
+
+    Prepacking stays on, as in a plain session: the golden and `run` outputs are then bit for bit what ORT gives
+    for the model file (off, MLAS accumulates in another order: last-bit differences, which move verdicts of an
+    oracle that is chaotic near a tight tolerance). Its packed copies live only as long as this one session."""
     import onnxruntime as ort
 
     held = []
     if any(is_stub(t) for t in model.graph.initializer):
-        # prepacking would give the session its own packed copy of every MatMul/Conv weight
-        opts.add_session_config_entry("session.disable_prepacking", "1")
         held = share_into(opts, model.graph, values)
     session = ort.InferenceSession(model.SerializeToString(), opts, providers=providers)
     session._bisector_shared = held  # type: ignore[attr-defined]  # the arrays must outlive the session
