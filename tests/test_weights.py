@@ -135,3 +135,27 @@ def test_mixed_model_reads_each_inline_weight_once(monkeypatch):
     monkeypatch.setattr(onnx.numpy_helper, "to_array", lambda *a, **k: calls.append(1) or real(*a, **k))
     build_mixed_model(cat, Plan(frozenset(), cat.candidates))
     assert 0 < len(calls) <= 2 * len(model.graph.initializer)
+
+
+def test_external_data_with_an_odd_file_name_and_offsets_searches(tmp_path):
+    """Spaces, non-ASCII and quotes in the data file's name; several tensors at 4 KiB-aligned offsets."""
+    from .conftest import main_cli
+
+    model = onnx.load(str(CNN))
+    d = tmp_path / "dir with space"
+    d.mkdir()
+    path = d / "m ü'.onnx"
+    onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+              location="w eight ü'.data", size_threshold=64)
+    stored = onnx.load(str(path), load_external_data=False)
+    offsets = {e.value for i in stored.graph.initializer for e in i.external_data if e.key == "offset"}
+    assert len(offsets) > 2
+    cat = Catalog.load(path)
+    assert cat.weight_arrays and all(isinstance(v, np.memmap) for v in cat.weight_arrays.values())
+    for init in onnx.load(str(CNN)).graph.initializer:  # (onnx.save turned `model` into external references)
+        if init.name in cat.weight_arrays:
+            np.testing.assert_array_equal(cat.weight_arrays[init.name], onnx.numpy_helper.to_array(init))
+    out = tmp_path / "out"
+    assert main_cli("precision", path, "--fp16", "--atol", "1e-6", "--rtol", "1e-4", "-o", out,
+                    "--cache-dir", tmp_path / "c") == 0
+    onnx.checker.check_model(str(out / "model.mixed.onnx"))
