@@ -15,7 +15,6 @@ protobuf, built only where a writer or a foreign parser needs one); ORT sessions
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Iterable, Mapping
 
@@ -167,11 +166,7 @@ def ort_session(model: onnx.ModelProto, values: Mapping[str, np.ndarray], opts, 
     return session
 
 
-def total_bytes(values: Mapping[str, np.ndarray]) -> int:
-    return sum(int(np.asarray(v).nbytes) for v in values.values())
-
-
 def external_files(model: onnx.ModelProto, base: Path) -> list[Path]:
     """The external data files a (not yet detached) model's initializers name."""
     names = {e.value for t in model.graph.initializer for e in t.external_data if e.key == "location"}
-    return sorted(base / n for n in names if n and n != IN_MEMORY and os.sep + ".." not in n)
+    return sorted(base / n for n in names if n and n != IN_MEMORY)
