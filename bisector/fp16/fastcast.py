@@ -28,15 +28,12 @@ def _session(kind: str):
 
                 from bisector.cores import usable_cores
 
-                src = TensorProto.FLOAT16 if kind == "float" else TensorProto.FLOAT
-                if kind == "float":
-                    nodes = [helper.make_node("Cast", ["a"], ["y"], to=TensorProto.FLOAT)]
-                else:
-                    nodes = [helper.make_node("Cast", ["a"], ["h" if kind == "round" else "y"], to=TensorProto.FLOAT16)]
-                out = TensorProto.FLOAT16 if kind == "half" else TensorProto.FLOAT
+                nodes = [helper.make_node("Cast", ["a"], ["h" if kind == "round" else "y"], to=TensorProto.FLOAT16)]
+                out = TensorProto.FLOAT16
                 if kind == "round":
                     nodes.append(helper.make_node("Cast", ["h"], ["y"], to=TensorProto.FLOAT))
-                graph = helper.make_graph(nodes, "fastcast", [helper.make_tensor_value_info("a", src, None)],
+                    out = TensorProto.FLOAT
+                graph = helper.make_graph(nodes, "fastcast", [helper.make_tensor_value_info("a", TensorProto.FLOAT, None)],
                                           [helper.make_tensor_value_info("y", out, None)])
                 model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
                 opts = ort.SessionOptions()
@@ -51,7 +48,7 @@ def _session(kind: str):
 
 
 def _run(kind: str, a: np.ndarray) -> np.ndarray | None:
-    if a.dtype != (np.float16 if kind == "float" else np.float32) or a.size == 0:
+    if a.dtype != np.float32 or a.size == 0:
         return None
     try:
         out = _session(kind).run(None, {"a": np.ascontiguousarray(a)})[0]
@@ -67,12 +64,6 @@ def to_half(a: np.ndarray) -> np.ndarray:
         with np.errstate(over="ignore", invalid="ignore"):
             return a.astype(np.float16)
     return out
-
-
-def to_float(h: np.ndarray) -> np.ndarray:
-    """`h.astype(float32)` for an FP16 array (exact)."""
-    out = _run("float", h)
-    return h.astype(np.float32) if out is None else out
 
 
 def round_half(a: np.ndarray) -> np.ndarray:
