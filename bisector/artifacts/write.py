@@ -88,22 +88,40 @@ EXTERNAL_DATA_FROM_BYTES = 256 * 2**20
 
 
 def mixed_model_files(catalog: Catalog, plan, path: Path) -> list[tuple[Path, Callable]]:
-    """The mixed model of `plan` as files to write (see `_mixed_files`); large weights stream from arrays."""
+    """The mixed model of `plan` as files to write, checked with onnx.checker before anything is written: one
+    .onnx; or .onnx + .onnx.data when its weights pass EXTERNAL_DATA_FROM_BYTES or the model would pass
+    protobuf's 2 GB, the data streamed from the arrays."""
     model, values = build_mixed_detached(catalog, plan)
-    if sum(int(np.asarray(v).nbytes) for v in values.values()) < EXTERNAL_DATA_FROM_BYTES:
-        return _mixed_files(weight_store.materialize(model, values), path)
+    weight_bytes = sum(int(np.asarray(v).nbytes) for v in values.values())
+    if weight_bytes < EXTERNAL_DATA_FROM_BYTES and model.ByteSize() + weight_bytes <= _catalog.PROTOBUF_LIMIT:
+        return [_one_file(weight_store.materialize(model, values), path)]
     return _external_files(model, values, path)
 
 
+def _one_file(mixed: onnx.ModelProto, path: Path) -> tuple[Path, Callable]:
+    if mixed.ByteSize() > CHECK_WEIGHTLESS_BYTES:
+        _check_weightless(mixed)  # the checker serialises its argument: a second copy of every weight
+    else:
+        onnx.checker.check_model(mixed)
+    data = mixed.SerializeToString()
+    return path, lambda f: f.write(data)
+
+
 def _external_files(model: onnx.ModelProto, values: dict, path: Path) -> list[tuple[Path, Callable]]:
-    """`model` (stubs for `values`) as .onnx + .onnx.data, the data written straight from the arrays."""
+    """`model` as .onnx + .onnx.data: the stubs' `values` and inline initializers from EXTERNAL_MIN_BYTES up go
+    to the data file, written straight from the arrays."""
     data_path = path.with_name(path.name + ".data")
     layout: list[tuple[int, np.ndarray]] = []
     offset = 0
     for init in model.graph.initializer:
-        if not weight_store.is_stub(init):
+        if weight_store.is_stub(init):
+            raw = np.ascontiguousarray(values[init.name])
+        elif init.ByteSize() >= EXTERNAL_MIN_BYTES:
+            raw = np.ascontiguousarray(numpy_helper.to_array(init))
+            init.CopyFrom(TensorProto(name=init.name, data_type=init.data_type, dims=list(init.dims),
+                                      data_location=TensorProto.EXTERNAL))
+        else:
             continue
-        raw = np.ascontiguousarray(values[init.name])
         offset += (-offset) % 4096  # aligned, as onnx.save_model does, so runtimes can map it
         del init.external_data[:]
         for key, value in (("location", data_path.name), ("offset", str(offset)), ("length", str(raw.nbytes))):
@@ -122,49 +140,6 @@ def _external_files(model: onnx.ModelProto, values: dict, path: Path) -> list[tu
                 f.write(bytes(start - at))
             f.write(memoryview(raw.reshape(-1).view(np.uint8)))
             at = start + raw.nbytes
-
-    return [(data_path, fill_data), (path, lambda f: f.write(model_bytes))]
-
-
-def _mixed_files(mixed: onnx.ModelProto, path: Path) -> list[tuple[Path, Callable]]:
-    """The mixed model as files to write: one .onnx, or (beyond protobuf's 2 GB) .onnx + .onnx.data.
-
-    Checked with onnx.checker before anything is written.
-    """
-    size = mixed.ByteSize()
-    if size <= _catalog.PROTOBUF_LIMIT:
-        if size > CHECK_WEIGHTLESS_BYTES:
-            _check_weightless(mixed)  # the checker serialises its argument: a second copy of every weight
-        else:
-            onnx.checker.check_model(mixed)
-        data = mixed.SerializeToString()
-        return [(path, lambda f: f.write(data))]
-    data_path = path.with_name(path.name + ".data")
-    chunks: list = []
-    offset = 0
-    for i, init in enumerate(mixed.graph.initializer):
-        if init.ByteSize() < EXTERNAL_MIN_BYTES:
-            continue
-        raw = numpy_helper.to_array(init)
-        ext = TensorProto(name=init.name, data_type=init.data_type, dims=list(init.dims),
-                          data_location=TensorProto.EXTERNAL)
-        pad = (-offset) % 4096  # aligned, as onnx.save_model does, so runtimes can map it
-        if pad:
-            chunks.append(bytes(pad))
-            offset += pad
-        for key, value in (("location", data_path.name), ("offset", str(offset)), ("length", str(raw.nbytes))):
-            ext.external_data.add(key=key, value=value)
-        chunks.append(raw)
-        offset += raw.nbytes
-        mixed.graph.initializer[i].CopyFrom(ext)
-    if mixed.ByteSize() > _catalog.PROTOBUF_LIMIT:
-        raise UsageError("the mixed model is beyond 2 GB even without its weights; it cannot be saved as ONNX")
-    _check_without_external_data(mixed)
-    model_bytes = mixed.SerializeToString()
-
-    def fill_data(f):
-        for c in chunks:
-            f.write(c if isinstance(c, bytes) else memoryview(c).cast("B"))
 
     return [(data_path, fill_data), (path, lambda f: f.write(model_bytes))]
 

@@ -23,6 +23,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from bisector.errors import UsageError
+from bisector.model.graph import copy_without_initializers
 
 IN_MEMORY = "bisector-in-memory"  # the external-data location of a stub whose values are in the catalog's arrays
 DETACH_MIN_BYTES = 4096  # smaller initializers stay inline: shape constants and scalars, cheap to keep twice
@@ -83,8 +84,6 @@ def detach(model: onnx.ModelProto, model_path: Path) -> tuple[onnx.ModelProto, d
     `model` was loaded without its external data: external initializers are mapped from their files, inline ones
     converted. Initializers numpy cannot hold, and external ones of such types, are loaded into the protobuf
     as onnx would (they are rare and small in practice)."""
-    from bisector.model.graph import copy_without_initializers
-
     light = copy_without_initializers(model)
     values: dict[str, np.ndarray] = {}
     base = model_path.parent
@@ -116,8 +115,6 @@ def materialize_tensor(t: TensorProto, values: Mapping[str, np.ndarray]) -> Tens
 
 def materialize(model: onnx.ModelProto, values: Mapping[str, np.ndarray]) -> onnx.ModelProto:
     """A full copy of `model` with every stub's bytes filled in (for writers and foreign parsers: TensorRT)."""
-    from bisector.model.graph import copy_without_initializers
-
     full = copy_without_initializers(model)
     full.graph.initializer.extend(materialize_tensor(t, values) for t in model.graph.initializer)
     return full
