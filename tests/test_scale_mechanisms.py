@@ -68,7 +68,7 @@ def test_reference_store_keeps_large_tensors_out_of_the_process(monkeypatch, tmp
     monkeypatch.setenv("BISECTOR_ARRAY_SWAP_THRESHOLD_MB", "-1")
     assert spill_threshold() is None
     monkeypatch.delenv("BISECTOR_ARRAY_SWAP_THRESHOLD_MB")
-    assert spill_threshold() == 1 << 20
+    assert spill_threshold() == 128 << 10
 
 
 def test_reference_store_holds_in_memory_when_the_disk_refuses(monkeypatch):
@@ -249,29 +249,98 @@ def test_session_variants_share_the_weights_instead_of_copying_them(tmp_path):
     assert rss_mb() - before < 100, f"{rss_mb() - before:.0f} MB for {be.executor.sessions_built - built} variants"
 
 
-def test_weightless_check_catches_what_the_checker_catches(monkeypatch):
-    """Large mixed models are checked without their weight bytes (the checker would serialise a copy); the
-    check still refuses a broken graph."""
+def test_stubbed_check_catches_what_the_checker_catches():
+    """Mixed models are checked with their stubbed weights as typed graph inputs (the checker would serialise a
+    copy of every weight); the check still refuses a broken graph."""
     import numpy as np
     import onnx
     import pytest
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import TensorProto, helper
 
     from bisector.artifacts import write
+    from bisector.model import weights
 
-    w = numpy_helper.from_array(np.ones((64, 64), np.float32), "W")
     node = helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")
     g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])], initializer=[w])
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])],
+                          initializer=[weights.stub("W", TensorProto.FLOAT, [64, 64])])
     good = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
-    write._check_weightless(good)
+    write._check_without_external_data(good)
     bad = onnx.ModelProto()
     bad.CopyFrom(good)
     bad.graph.node[0].input[1] = "missing"
     with pytest.raises(onnx.checker.ValidationError):
-        write._check_weightless(bad)
+        write._check_without_external_data(bad)
+    full = weights.materialize(bad, {"W": np.ones((64, 64), np.float32)})
     with pytest.raises(onnx.checker.ValidationError):
-        onnx.checker.check_model(bad)
+        onnx.checker.check_model(full)
+
+
+def test_serialized_model_parses_to_the_materialized_model():
+    """`weights.Serialized` writes what `materialize(...).SerializeToString()` would mean: stubs of every numpy
+    type beside inline initializers, in their order, and the model's other fields."""
+    import io
+
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from bisector.model import weights
+
+    rng = np.random.default_rng(0)
+    values = {"w": rng.standard_normal((30, 100)).astype(np.float32), "h": rng.standard_normal(5000).astype(np.float16),
+              "b": rng.integers(0, 2, 6000).astype(bool), "i": rng.integers(-9, 9, (2, 3, 700)).astype(np.int64),
+              "e": np.zeros((0, 4), np.float32)}
+    inits = [weights.stub("w", TensorProto.FLOAT, [30, 100]), numpy_helper.from_array(np.array([1, 2], np.int64), "s"),
+             weights.stub("h", TensorProto.FLOAT16, [5000]), weights.stub("b", TensorProto.BOOL, [6000]),
+             weights.stub("i", TensorProto.INT64, [2, 3, 700]), weights.stub("e", TensorProto.FLOAT, [0, 4])]
+    g = helper.make_graph([helper.make_node("Identity", ["w"], ["y"], name="n")], "g", [],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializer=inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9, doc_string="d")
+    model.metadata_props.add(key="k", value="v")
+    stream = weights.Serialized(model, values)
+    f = io.BytesIO()
+    stream.write(f)
+    parsed = onnx.ModelProto()
+    parsed.ParseFromString(f.getvalue())
+    expected = weights.materialize(model, values)
+    assert len(f.getvalue()) == len(stream) == expected.ByteSize()
+    assert parsed == expected
+    assert [i.name for i in parsed.graph.initializer] == ["w", "s", "h", "b", "i", "e"]
+    np.testing.assert_array_equal(numpy_helper.to_array(parsed.graph.initializer[3]), values["b"])
+
+
+def test_mixed_model_is_written_without_a_serialised_copy_of_its_weights(tmp_path):
+    """model.mixed.onnx goes from the arrays to the file: no Python bytes of the weights (the materialised
+    protobuf's raw_data and its serialisation were two of them: 2 x 32 MB traced here)."""
+    import tracemalloc
+
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from bisector.artifacts import write
+    from bisector.model.catalog import Catalog
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((2048, 4096)).astype(np.float32), "W")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2048])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4096])], initializer=[w])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), tmp_path / "m.onnx")
+    catalog = Catalog.load(tmp_path / "m.onnx")
+    tracemalloc.start()
+    try:
+        files = write.mixed_model_files(catalog, frozenset({"mm"}), tmp_path / "mixed.onnx")  # FP32: the catalog's array
+        for path, fill in files:
+            with open(path, "wb") as f:
+                fill(f)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert [p.name for p, _ in files] == ["mixed.onnx"]
+    assert peak < 8 << 20, f"{peak / 2**20:.0f} MB traced while writing 32 MB of weights"
+    back = onnx.load(str(tmp_path / "mixed.onnx"))
+    np.testing.assert_array_equal(numpy_helper.to_array(back.graph.initializer[0]), catalog.value("W"))
 
 
 def test_glibc_heap_threshold_is_fixed_where_glibc_runs():
@@ -331,3 +400,38 @@ def test_sessions_on_small_tensors_keep_no_idle_threads():
         be.run(plan, x)
     assert be.executor.sessions_built > 60
     assert len(os.listdir("/proc/self/task")) - before < 10
+
+
+@pytest.mark.skipif(__import__("bisector.cores", fromlist=["usable_cores"]).usable_cores() < 2,
+                    reason="one usable core: no session ever gets a pool")
+def test_sessions_get_an_intra_op_pool_only_when_their_first_run_is_long(monkeypatch):
+    """Block sessions start on the caller's thread; one whose first run takes POOL_FROM_SECONDS gets a pool
+    (idle pools cost ~64 KB per thread per session). The results are the same bits either way."""
+    import os
+
+    from bisector.backends.emulate import executor as ex
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import gc
+
+    import scale
+
+    model, _ = scale.transformer_model(2, 128, 160, heads=2)  # 80 KB activations: past the small-tensor rule
+    cat = Catalog.from_model(model)
+    x = {"x": np.random.default_rng(5).uniform(-1, 1, (1, 160, 128)).astype(np.float32)}
+    results, threads = {}, {}
+    for name, seconds in (("never", float("inf")), ("always", 0.0)):
+        monkeypatch.setattr(ex, "POOL_FROM_SECONDS", seconds)
+        be = EmulateBackend(block_size=8)
+        be.open(cat)
+        before = len(os.listdir("/proc/self/task"))
+        results[name] = [be.run(plan, x) for plan in _plans(cat, 4)]
+        threads[name] = len(os.listdir("/proc/self/task")) - before
+        be.close()
+        del be
+        gc.collect()
+    assert threads["never"] == 0
+    assert threads["always"] >= 5
+    for a, b in zip(results["never"], results["always"]):
+        for k in a:
+            np.testing.assert_array_equal(a[k], b[k])

@@ -18,7 +18,6 @@ from bisector.fp16.mixed import build_mixed_detached
 from bisector.model import weights as weight_store
 from bisector.artifacts.add_constraints import add_constraints_for, layer_precision_strings_for
 from bisector.artifacts.constraints import Constraints
-from bisector.model.graph import copy_without_initializers
 from bisector.files import clean_stale_temporaries, ensure_dir, remove_file, write_file_atomic, write_text_atomic
 from bisector.artifacts.report import render_report
 
@@ -94,17 +93,16 @@ def mixed_model_files(catalog: Catalog, plan, path: Path) -> list[tuple[Path, Ca
     model, values = build_mixed_detached(catalog, plan)
     weight_bytes = sum(int(np.asarray(v).nbytes) for v in values.values())
     if weight_bytes < EXTERNAL_DATA_FROM_BYTES and model.ByteSize() + weight_bytes <= _catalog.PROTOBUF_LIMIT:
-        return [_one_file(weight_store.materialize(model, values), path)]
+        return [_one_file(model, values, path)]
     return _external_files(model, values, path)
 
 
-def _one_file(mixed: onnx.ModelProto, path: Path) -> tuple[Path, Callable]:
-    if mixed.ByteSize() > CHECK_WEIGHTLESS_BYTES:
-        _check_weightless(mixed)  # the checker serialises its argument: a second copy of every weight
-    else:
-        onnx.checker.check_model(mixed)
-    data = mixed.SerializeToString()
-    return path, lambda f: f.write(data)
+def _one_file(model: onnx.ModelProto, values: dict, path: Path) -> tuple[Path, Callable]:
+    """One .onnx, streamed from the arrays (`weights.Serialized`): the checker sees the graph with the stubs as
+    typed inputs (the weight bytes are numpy's, written as they are)."""
+    _check_without_external_data(model)
+    data = weight_store.Serialized(model, values)
+    return path, data.write
 
 
 def _external_files(model: onnx.ModelProto, values: dict, path: Path) -> list[tuple[Path, Callable]]:
@@ -142,21 +140,6 @@ def _external_files(model: onnx.ModelProto, values: dict, path: Path) -> list[tu
             at = start + raw.nbytes
 
     return [(data_path, fill_data), (path, lambda f: f.write(model_bytes))]
-
-
-CHECK_WEIGHTLESS_BYTES = 256 * 2**20
-
-
-def _check_weightless(model: onnx.ModelProto) -> None:
-    """onnx.checker on `model` with its large initializers as typed graph inputs (the graph, types and names are
-    what can be wrong in a model we wrote; the weight bytes are numpy's)."""
-    light = copy_without_initializers(model)
-    light.graph.initializer.extend(i for i in model.graph.initializer if i.ByteSize() < EXTERNAL_MIN_BYTES)
-    declared = {i.name for i in light.graph.input}
-    light.graph.input.extend(onnx.helper.make_tensor_value_info(i.name, i.data_type, list(i.dims))
-                             for i in model.graph.initializer
-                             if i.ByteSize() >= EXTERNAL_MIN_BYTES and i.name not in declared)
-    onnx.checker.check_model(light)
 
 
 def _check_without_external_data(model: onnx.ModelProto) -> None:

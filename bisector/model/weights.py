@@ -120,6 +120,67 @@ def materialize(model: onnx.ModelProto, values: Mapping[str, np.ndarray]) -> onn
     return full
 
 
+class Serialized:
+    """`materialize(model, values).SerializeToString()`, written piece by piece: the bytes are the same a parser
+    reads (protobuf concatenates a message's fields in any order, and repeated fields keep their order), but no
+    full protobuf and no serialised copy of the weights exist at once — each stub's value goes from its array
+    to the file (a 42 MB model: its artifacts' peak held the weights three times, in the materialised protobuf,
+    its bytes and the arrays). `len(self)` is the file's size."""
+
+    def __init__(self, model: onnx.ModelProto, values: Mapping[str, np.ndarray]):
+        light = copy_without_initializers(model)
+        graph_bytes = light.graph.SerializeToString()
+        light.ClearField("graph")
+        self._head = light.SerializeToString()
+        self._pieces: list = [graph_bytes]
+        for t in model.graph.initializer:
+            self._pieces.extend(_initializer_pieces(t, values))
+        size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in self._pieces)
+        self._graph_header = _key(onnx.ModelProto, "graph") + _varint(size)
+        self.size = len(self._head) + len(self._graph_header) + size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def write(self, f) -> None:
+        f.write(self._head)
+        f.write(self._graph_header)
+        for piece in self._pieces:
+            f.write(piece if isinstance(piece, bytes) else memoryview(piece.reshape(-1).view(np.uint8)))
+
+
+def _initializer_pieces(t: TensorProto, values: Mapping[str, np.ndarray]) -> list:
+    """One `GraphProto.initializer` entry: bytes, and for a stub its array as the `raw_data` bytes themselves."""
+    if not is_stub(t):
+        body = t.SerializeToString()
+        return [_key(onnx.GraphProto, "initializer") + _varint(len(body)) + body]
+    value = np.ascontiguousarray(values[t.name])
+    header = numpy_helper.from_array(value.reshape(-1)[:1], t.name)  # name, element type, raw bytes of one value
+    if not header.HasField("raw_data") or value.dtype.byteorder == ">" or (value.size and
+                                                                        len(header.raw_data) != value.itemsize):
+        full = materialize_tensor(t, values).SerializeToString()  # a type from_array does not store raw
+        return [_key(onnx.GraphProto, "initializer") + _varint(len(full)) + full]
+    header.ClearField("raw_data")
+    del header.dims[:]
+    header.dims.extend(value.shape)
+    head = header.SerializeToString() + _key(TensorProto, "raw_data") + _varint(value.nbytes)
+    return [_key(onnx.GraphProto, "initializer") + _varint(len(head) + value.nbytes) + head, value]
+
+
+def _key(message, field: str) -> bytes:
+    """The tag of a length-delimited field (wire type 2)."""
+    return _varint(message.DESCRIPTOR.fields_by_name[field].number << 3 | 2)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, n = n & 0x7F, n >> 7
+        out.append(low | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
 # Weights of this size and up reach a session as the caller's arrays; below, serialising them costs nothing.
 SHARE_MIN_BYTES = 4096
 

@@ -116,7 +116,7 @@ class NodeExecutor:
 
         `boundary_only`: just the tensors that cross block boundaries (and graph outputs), computed with the
         fused all-FP32 block sessions — all that fused plan evaluation reads, at about one inference's cost.
-        Computed tensors from 1 MiB up (BISECTOR_ARRAY_SWAP_THRESHOLD_MB when set) are kept on disk and read
+        Computed tensors from 128 KiB up (BISECTOR_ARRAY_SWAP_THRESHOLD_MB when set) are kept on disk and read
         back per use (`reference.ReferenceStore`): a search holds the reference in the page cache, not in RAM."""
         env = ReferenceStore(spill_threshold())
         for k, v in self.weights.items():
@@ -223,7 +223,7 @@ class NodeExecutor:
             sess = self._keep(key, self._session(nodes, f"node {node.name!r} ({node.op_type})", feed, weights,
                                                  nonempty(node.output)))
         try:
-            return sess.run(None, feed)
+            return self._run(key, sess, None, feed)
         except Exception as exc:
             raise BackendFailure(f"ONNX Runtime failed to run node {node.name!r} ({node.op_type}): {exc}") from None
 
@@ -279,7 +279,7 @@ class NodeExecutor:
         return None if w is None else int(np.ndim(w))
 
     def _session(self, nodes, what: str, inputs: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
-                 outputs: list[str]) -> ort.InferenceSession:
+                 outputs: list[str], pooled: bool = False) -> ort.InferenceSession:
         """One ORT session. Numeric weights are not serialised into it: the graph names them as external data
         (`add_external_initializers`) and every session runs on this executor's own arrays (`add_initializer`:
         ORT uses the caller's buffer, no copy; with prepacking off, measured 1.8 MB per session for a 64 MB
@@ -302,16 +302,18 @@ class NodeExecutor:
             initializer=initializers,
         )
         part = helper.make_model(graph, opset_imports=_with_default_opset(model), ir_version=min(model.ir_version, 10))
-        # Each session owns an intra-op pool of that many threads, idle between runs: hundreds of block sessions
-        # on a 16-core host meant thousands of threads (what a container's pids limit counts). A session on
-        # small tensors gains nothing from threads (ORT does not split them), so it runs on the caller's thread
-        # alone (5000-node chain: ~500 sessions, 500 threads -> 1).
+        # Each session owns an intra-op pool, idle between runs: hundreds of block sessions meant thousands of
+        # threads on a 16-core host (what a container's pids limit counts) and ~64 KB of memory per thread (a
+        # 12-layer transformer's search: 12 MB on 2 cores, ~100 MB on 16). A session therefore starts on the
+        # caller's thread alone and gets a pool only once its first run shows work worth splitting (`_run`);
+        # sessions on small tensors never do (ORT does not split them).
         small = max((np.asarray(v).nbytes for v in inputs.values()), default=0) < _SMALL_TENSOR_BYTES and \
             sum(np.asarray(v).nbytes for v in weights.values()) < _SMALL_WEIGHT_BYTES
+        single = not pooled
         if shared:  # per-session initializers: options of its own
-            opts = self._options(threads=1 if small else None)
+            opts = self._options(threads=1 if single else None)
         else:
-            opts = self._opts_small if small else self._opts
+            opts = self._opts_small if single else self._opts
         held = weight_store.share_into(opts, graph, shared)
         t0 = time.perf_counter()
         try:
@@ -323,7 +325,24 @@ class NodeExecutor:
                                        if v is not self.weights.get(t))
         self.sessions_built += 1
         self.build_seconds += time.perf_counter() - t0
+        if single and not small and self._opts.intra_op_num_threads > 1:
+            types = {t: np.empty(0, np.asarray(v).dtype) for t, v in inputs.items()}  # not the arrays: no hold on them
+            sess._bisector_pooled = lambda: self._session(nodes, what, types, weights, outputs, pooled=True)  # type: ignore[attr-defined]
         return sess
+
+    def _run(self, key: tuple, sess: ort.InferenceSession, outputs, feed) -> list[np.ndarray]:
+        """`sess.run`; after a session's first run, one whose run took POOL_FROM_SECONDS or more on the caller's
+        thread is rebuilt with an intra-op pool for its later runs (ORT's kernels give the same results at
+        any thread count: tests/test_scale_mechanisms.py)."""
+        pooled = getattr(sess, "_bisector_pooled", None)
+        if pooled is None:
+            return sess.run(outputs, feed)
+        t0 = time.perf_counter()
+        out = sess.run(outputs, feed)
+        sess._bisector_pooled = None  # type: ignore[attr-defined]
+        if time.perf_counter() - t0 >= POOL_FROM_SECONDS and self._sessions.get(key) is sess:
+            self._sessions[key] = pooled()
+        return out
 
     # Evaluation threads (`--workers` on emulate) share these caches: each step below is one dict operation
     # (atomic under the GIL), and a key evicted by another thread in between is not an error. Two threads may
@@ -358,7 +377,7 @@ class NodeExecutor:
         if sess is None:
             sess = self._keep(key, self._session(nodes, f"{key[0]} graph", inputs, weights, outputs))
         try:
-            return sess.run(outputs, dict(inputs))
+            return self._run(key, sess, outputs, dict(inputs))
         except Exception as exc:
             raise BackendFailure(f"ONNX Runtime failed to run the {key[0]} graph: {exc}") from None
 
@@ -372,7 +391,7 @@ class NodeExecutor:
                 nodes, f"block {block.index} ({block.nodes[0].name}..{block.nodes[-1].name})", feed, weights,
                 list(block.outputs)))
         try:
-            return sess.run(None, feed)
+            return self._run(key, sess, None, feed)
         except Exception as exc:
             raise BackendFailure(f"ONNX Runtime failed to run block {block.index}: {exc}") from None
 
@@ -380,6 +399,7 @@ class NodeExecutor:
 MAX_SESSIONS = 1024  # session variants kept at least (4 per block in larger models)
 _SMALL_TENSOR_BYTES = 64 * 1024  # sessions whose inputs and weights are all this small run single-threaded
 _SMALL_WEIGHT_BYTES = 1 << 20
+POOL_FROM_SECONDS = 1e-3  # a session whose first run takes this long on one thread gets an intra-op pool
 CONVERTED_BUDGET_MIN = 256 << 20  # converted weights cached sessions may hold: this, or a quarter of the weights
 _ARENA: list[bool] = []  # [registered?], once per process
 
