@@ -60,8 +60,12 @@ class NodeExecutor:
         self.blocks = _partition(catalog, block_size or auto_block_size(len(catalog.names)))
         # Sessions by variant, least recently used first; bounded, so that a search with many distinct plans (a
         # diffuse one at 20k nodes made thousands of block variants and grew past 20 GB) keeps a bounded set.
+        # Fused block variants (what a search runs) and node-level ones (`run_all`, `profile`: one per node) are
+        # bounded apart, so that a profile does not evict the search's blocks nor the reverse.
         self._sessions: OrderedDict[tuple, ort.InferenceSession] = OrderedDict()
-        self.max_sessions = max(MAX_SESSIONS, 4 * len(self.blocks))
+        self._node_sessions: OrderedDict[tuple, ort.InferenceSession] = OrderedDict()
+        self.max_sessions = max(MAX_SESSIONS, SESSIONS_PER_BLOCK * len(self.blocks))
+        self.max_node_sessions = max(MAX_NODE_SESSIONS, 4 * len(self.blocks))
         self._threads = threads
         self._opts = self._options()
         self._opts_small = self._options(threads=1)
@@ -340,29 +344,35 @@ class NodeExecutor:
         t0 = time.perf_counter()
         out = sess.run(outputs, feed)
         sess._bisector_pooled = None  # type: ignore[attr-defined]
-        if time.perf_counter() - t0 >= POOL_FROM_SECONDS and self._sessions.get(key) is sess:
-            self._sessions[key] = pooled()
+        cache = self._cache(key)
+        if time.perf_counter() - t0 >= POOL_FROM_SECONDS and cache.get(key) is sess:
+            cache[key] = pooled()
         return out
 
     # Evaluation threads (`--workers` on emulate) share these caches: each step below is one dict operation
     # (atomic under the GIL), and a key evicted by another thread in between is not an error. Two threads may
     # build the same variant at once; the second one kept wins, both are correct.
+    def _cache(self, key: tuple) -> OrderedDict:
+        return self._sessions if key[0] == "block" else self._node_sessions
+
     def _cached(self, key: tuple) -> ort.InferenceSession | None:
-        sess = self._sessions.get(key)
+        cache = self._cache(key)
+        sess = cache.get(key)
         if sess is not None:
             try:
-                self._sessions.move_to_end(key)
+                cache.move_to_end(key)
             except KeyError:
                 pass
         return sess
 
     def _keep(self, key: tuple, sess: ort.InferenceSession) -> ort.InferenceSession:
-        self._sessions[key] = sess
+        cache = self._cache(key)
+        limit = self.max_sessions if cache is self._sessions else self.max_node_sessions
+        cache[key] = sess
         self._converted_held += getattr(sess, "_bisector_converted", 0)
-        while len(self._sessions) > 1 and (len(self._sessions) > self.max_sessions
-                                           or self._converted_held > self.converted_budget):
+        while len(cache) > 1 and (len(cache) > limit or self._converted_held > self.converted_budget):
             try:
-                _, old = self._sessions.popitem(last=False)
+                _, old = cache.popitem(last=False)
             except KeyError:
                 break
             self._converted_held -= getattr(old, "_bisector_converted", 0)
@@ -396,7 +406,12 @@ class NodeExecutor:
             raise BackendFailure(f"ONNX Runtime failed to run block {block.index}: {exc}") from None
 
 
-MAX_SESSIONS = 1024  # session variants kept at least (4 per block in larger models)
+# Session variants kept: two per block (its all-FP32 and all-FP16 forms, what most evaluations of a search
+# reuse), at least MAX_SESSIONS. Each costs ~150 KB besides its rounded weights: a diffuse search on a 6-layer
+# transformer (38 blocks) held 375 MB at the former floor of 1024 against 245 MB at 96, 6% more wall time.
+MAX_SESSIONS = 64
+SESSIONS_PER_BLOCK = 2
+MAX_NODE_SESSIONS = 1024  # node-level variants (`run_all`, `profile`) kept at least (4 per block in larger models)
 _SMALL_TENSOR_BYTES = 64 * 1024  # sessions whose inputs and weights are all this small run single-threaded
 _SMALL_WEIGHT_BYTES = 1 << 20
 POOL_FROM_SECONDS = 1e-3  # a session whose first run takes this long on one thread gets an intra-op pool
