@@ -439,14 +439,16 @@ def test_sessions_get_an_intra_op_pool_only_when_their_first_run_is_long(monkeyp
 
 def test_block_variants_are_bounded_per_block_and_apart_from_node_sessions():
     """A diffuse search makes a new variant of most blocks per plan; ~150 KB each, they are kept up to two per
-    block (at least MAX_SESSIONS). Node-level runs (`run_all`, `profile`) keep theirs apart: they evict no block."""
+    block or half the weights' worth (at least MAX_SESSIONS). Node-level runs (`run_all`, `profile`) keep theirs apart: they evict no block."""
     from bisector.backends.emulate import executor as ex
 
     model, _ = chain_model(1200, width=16)
     cat = Catalog.from_model(model)
     be = EmulateBackend(block_size=8)
     be.open(cat)
-    limit = max(ex.MAX_SESSIONS, ex.SESSIONS_PER_BLOCK * len(be.executor.blocks))
+    weights = sum(v.nbytes for v in be.executor.weights.values())
+    limit = max(ex.MAX_SESSIONS, ex.SESSIONS_PER_BLOCK * len(be.executor.blocks),
+                int(ex.SESSIONS_WEIGHT_SHARE * weights) // ex.SESSION_BYTES)
     assert be.executor.max_sessions == limit < 1024
     x = {"x": np.random.default_rng(6).uniform(1, 2, (1, 16)).astype(np.float32)}
     for plan in _plans(cat, 8, seed=7):

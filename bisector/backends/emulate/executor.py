@@ -64,7 +64,6 @@ class NodeExecutor:
         # bounded apart, so that a profile does not evict the search's blocks nor the reverse.
         self._sessions: OrderedDict[tuple, ort.InferenceSession] = OrderedDict()
         self._node_sessions: OrderedDict[tuple, ort.InferenceSession] = OrderedDict()
-        self.max_sessions = max(MAX_SESSIONS, SESSIONS_PER_BLOCK * len(self.blocks))
         self.max_node_sessions = max(MAX_NODE_SESSIONS, 4 * len(self.blocks))
         self._threads = threads
         self._opts = self._options()
@@ -76,6 +75,8 @@ class NodeExecutor:
         self._converted: weakref.WeakValueDictionary[str, np.ndarray] = weakref.WeakValueDictionary()
         weight_bytes = sum(int(np.asarray(v).nbytes) for v in self.weights.values())
         self.converted_budget = max(CONVERTED_BUDGET_MIN, weight_bytes // 4)
+        self.max_sessions = max(MAX_SESSIONS, SESSIONS_PER_BLOCK * len(self.blocks),
+                                int(SESSIONS_WEIGHT_SHARE * weight_bytes) // SESSION_BYTES)
         self._converted_held = 0  # bytes of converted weights the cached sessions hold (shared ones counted per session)
         self._specs: dict[tuple, tuple] = {}
         self.sessions_built = 0
@@ -406,11 +407,15 @@ class NodeExecutor:
             raise BackendFailure(f"ONNX Runtime failed to run block {block.index}: {exc}") from None
 
 
-# Session variants kept: two per block (its all-FP32 and all-FP16 forms, what most evaluations of a search
-# reuse), at least MAX_SESSIONS. Each costs ~150 KB besides its rounded weights: a diffuse search on a 6-layer
-# transformer (38 blocks) held 375 MB at the former floor of 1024 against 245 MB at 96, 6% more wall time.
-MAX_SESSIONS = 64
+# Block variants kept: two per block (its all-FP32 and all-FP16 forms, what most evaluations reuse), or as many
+# as SESSION_BYTES each makes half the model's weights, at least MAX_SESSIONS. A variant costs ~150 KB besides its
+# rounded weights: a diffuse search on a 6-layer transformer (38 blocks, 42 MB of weights) held 375 MB with up to
+# 1024 of them, 224 MB with 76 — but plans cycling through more variants than are kept rebuild every block they
+# touch (3 random plans in turn: 36 ms per evaluation with all kept, 176 ms with 76).
+MAX_SESSIONS = 128
 SESSIONS_PER_BLOCK = 2
+SESSIONS_WEIGHT_SHARE = 0.5
+SESSION_BYTES = 150 << 10
 MAX_NODE_SESSIONS = 1024  # node-level variants (`run_all`, `profile`) kept at least (4 per block in larger models)
 _SMALL_TENSOR_BYTES = 64 * 1024  # sessions whose inputs and weights are all this small run single-threaded
 _SMALL_WEIGHT_BYTES = 1 << 20
