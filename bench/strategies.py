@@ -40,6 +40,7 @@ from bisector.strategies import CountingOracle, load_strategies  # noqa: E402
 ORDER = ["auto", "gt", "greedy", "ddmin", "bisect", "linear"]
 MINIMAL = ["auto", "gt", "greedy", "ddmin"]
 AUTO_OPTIONS: dict[str, object] = {}  # --auto KEY=VALUE: constructor options for auto (e.g. shrink=groups)
+USE_EXCESS = True  # --no-excess: strategies get pass/fail only (no `excess` hint), as before the hint existed
 
 
 def run_on_oracle(
@@ -51,6 +52,9 @@ def run_on_oracle(
     """Run each strategy on one oracle; per strategy: result, distinct evaluations, passes, 1-minimal, seconds."""
     found = load_strategies()
     out: dict[str, dict[str, object]] = {}
+    excess = getattr(passes, "excess", None)
+    if USE_EXCESS and callable(excess) and "excess" not in hints:
+        hints = {**hints, "excess": excess}  # what the driver offers: error / tolerance of a set already asked
     for name in strategies:
         oracle = CountingOracle(passes)
         t0 = time.perf_counter()
@@ -289,12 +293,67 @@ def real_models() -> None:
         if not oracle.passes(frozenset(oracle.candidates)):
             print(f"({label}: even all-FP32 fails; skipped)")
             continue
-        cases.append((f"{label} (N={len(oracle.candidates)})", list(oracle.candidates), oracle.passes, None))
+        cases.append((f"{label} (N={len(oracle.candidates)})", list(oracle.candidates), _with_excess(oracle), None))
     if cases:
         _summary("real models", *_diffuse_table(cases, bound=True))
     for job in jobs:
         job.close()
     tmp.cleanup()
+
+
+def _with_excess(oracle):
+    """`oracle.passes` carrying the driver's `excess` hint (error / tolerance of a set it has judged)."""
+    def passes(s: frozenset[str]) -> bool:
+        return oracle.passes(s)
+
+    def excess(s) -> float | None:
+        v = oracle.verdicts.get(frozenset(s))
+        return None if v is None else v.excess
+
+    passes.excess = excess  # type: ignore[attr-defined]
+    return passes
+
+
+def large_diffuse() -> None:
+    """Generated transformers at tight tolerances (emulate): `auto` with and without the `excess` hint."""
+    import tempfile
+
+    import onnx
+
+    from bisector.app.job import open_job
+    from bisector.app.options import options_from_flags
+    from scale import transformer_model
+
+    print("## Large diffuse cases: `auto` with and without the `excess` hint (emulate backend)\n")
+    print("| case | N | excess hint | FP32 size | evaluations | verify-phase evaluations | seconds | passes and 1-minimal |")
+    print("|---|---|---|---|---|---|---|---|")
+    cases = [("transformer 6x384 s197, atol = rtol = 2e-3", (6, 384, 197, 6), "2e-3"),
+             ("transformer 12x384 s128, atol = rtol = 3e-3", (12, 384, 128, 6), "3e-3")]
+    with tempfile.TemporaryDirectory() as td:
+        for label, (layers, d, seq, heads), tol in cases:
+            path = Path(td) / "m.onnx"
+            onnx.save(transformer_model(layers, d, seq, heads=heads)[0], str(path))
+            for hint in (True, False):
+                job = open_job(path, no_cache=True, **options_from_flags(
+                    ["--atol", tol, "--rtol", tol, "--val-range", "x:[-1,1]"]))
+                oracle = job.oracle()
+                f = _with_excess(oracle)
+                counting = CountingOracle(f)
+                phases: dict[str, int] = {}
+
+                def progress(ev: dict, phases=phases, counting=counting) -> None:
+                    phases.setdefault(str(ev.get("phase")), counting.distinct)
+
+                hints = {"excess": f.excess} if hint else {}
+                t0 = time.perf_counter()
+                result = load_strategies()["auto"](**AUTO_OPTIONS).search(
+                    list(oracle.candidates), counting, progress=progress, **hints)
+                seconds = time.perf_counter() - t0
+                verify = counting.distinct - phases.get("verify", counting.distinct)
+                ok = bool(f(result)) and is_one_minimal(f, result)
+                print(f"| {label} | {len(oracle.candidates)} | {'yes' if hint else 'no'} | {len(result)} | "
+                      f"{counting.distinct} | {verify} | {seconds:.0f} | {ok} |", flush=True)
+                job.close()
 
 
 class _Rounds:
@@ -361,6 +420,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--diffuse", action="store_true", help="only the diffuse cases (synthetic + real models)")
     ap.add_argument("--no-real", action="store_true", help="skip the real-model diffuse cases")
     ap.add_argument("--workers", action="store_true", help="only the parallel-rounds benchmark")
+    ap.add_argument("--large-diffuse", action="store_true",
+                    help="only generated transformers at tight tolerances, auto with and without the excess hint")
+    ap.add_argument("--no-excess", action="store_true",
+                    help="strategies get pass/fail only, no `excess` hint (the baseline for the hint's effect)")
     ap.add_argument("--auto", action="append", default=[], metavar="KEY=VALUE",
                     help="an option for auto's constructor, e.g. --auto shrink=groups --auto cyclic=true")
     args = ap.parse_args(argv)
@@ -368,9 +431,13 @@ def main(argv: list[str] | None = None) -> None:
         key, _, value = item.partition("=")
         low = value.lower()
         AUTO_OPTIONS[key] = (low == "true") if low in ("true", "false") else int(value) if value.isdigit() else value
+    global USE_EXCESS
+    USE_EXCESS = not args.no_excess
     seeds = args.seeds or (5 if args.quick else 10)
     t0 = time.perf_counter()
-    if args.workers:
+    if args.large_diffuse:
+        large_diffuse()
+    elif args.workers:
         workers_bench(args.seeds or 5)
     elif args.diffuse:
         diffuse(args.seeds or 2, [100, 275] if args.quick else [100, 275, 500, 1000])

@@ -21,7 +21,10 @@ A strategy is a class constructible with no arguments (options are keyword argum
 - ``workers``: int, how many sets one ``batch`` call may usefully hold (sets that run concurrently). Strategies
   send no more per call and may propose that many independent sets per round; without ``batch`` it is ignored;
 - ``costs``: Mapping[str, float], FP32 cost per node (e.g. FLOPs: ``bisector.costs.node_costs(model)``); a
-  strategy may then prefer a cheaper FP32 set over a smaller one (``auto`` does where that is cheap to do).
+  strategy may then prefer a cheaper FP32 set over a smaller one (``auto`` does where that is cheap to do);
+- ``excess``: Callable[[frozenset[str]], float | None], how far a set already asked passed or failed: its worst
+  output's error in units of the tolerance (above the margin, 1 by default: fails), or None for a set not judged
+  yet — asking never costs an evaluation. ``Auto(nearest_miss=True)`` orders its 1-minimality retries by it.
 
 Nothing here imports ONNX: strategies only see names.
 """

@@ -29,7 +29,8 @@ candidates: below 64 the ranked search's fixed cost does not pay, ``gt`` goes on
    removed and the next one is twice as large, a failing chunk is halved; then 1-minimality, with
    ``cyclic=True`` by cycling through the members, _util.one_minimal_cyclic: a removal that passes is kept at
    once and the literal check — every removal failing against the final set — is paid once, instead of |R|
-   per change), then "drop two, add one" swaps (``swaps`` tries: two of the lowest-ranked members out, the
+   per change; ``nearest_miss=True`` with the driver's ``excess`` hint: the removals that failed by the least
+   are retried first — measured, not better on average, so off), then "drop two, add one" swaps (``swaps`` tries: two of the lowest-ranked members out, the
    best-ranked outsider in) and the check again.
 
 Estimate
@@ -82,7 +83,9 @@ class Auto(GroupTesting):
     (docs/benchmarks.md, "Issue 15, third round": on 17 real-model diffuse cases the largest set relative to the
     smallest any strategy found went 3.60 → 1.52 and evaluations 1.03 → 0.97 × gt on average; with ±5% jitter
     on additive oracles 1.05 → 0.83 × gt); ``min_candidates`` — no switch below this many candidates (the ranked
-    search's fixed cost — ≥ 16 probes, log2 N prefix steps, one check per prefix member — does not pay there).
+    search's fixed cost — ≥ 16 probes, log2 N prefix steps, one check per prefix member — does not pay there);
+    ``nearest_miss`` — with the ``excess`` hint, retry the 1-minimality removals that failed by the least first
+    (off: on two generated transformers at tight tolerances it cost 0.59x and 1.76x the evaluations).
     """
 
     name = "auto"
@@ -102,6 +105,7 @@ class Auto(GroupTesting):
         shrink: str = "groups",
         cyclic: bool = True,
         min_candidates: int = 64,
+        nearest_miss: bool = False,
     ) -> None:
         super().__init__(prior_decay, use_scores, power_of_two, smart_split, prior_power)
         self.diffuse_after = diffuse_after
@@ -112,6 +116,7 @@ class Auto(GroupTesting):
         self.shrink = shrink
         self.cyclic = cyclic
         self.min_candidates = min_candidates
+        self.nearest_miss = nearest_miss
 
     # ------------------------------------------------------------------ search
     def search(
@@ -502,5 +507,5 @@ class Auto(GroupTesting):
 
     def _one_minimal(self, ask: Asker, s: frozenset[str], order: list[str]) -> frozenset[str]:
         if self.cyclic:
-            return one_minimal_cyclic(ask, s, order)
+            return one_minimal_cyclic(ask, s, order, nearest_miss=self.nearest_miss)
         return one_minimal(ask, s, order)

@@ -86,14 +86,19 @@ def additive(weights: dict[str, float], threshold: float, jitter: float = 0.0, s
     total = sum(weights.values())
     eps = 1e-9 * max(total, 1e-300)
 
-    def f(s: frozenset[str]) -> bool:
+    def error(s: frozenset[str]) -> float:
         kept = sum(weights[n] for n in s if n in weights)  # the FP16 side's weight is total - kept
         err = total - kept
         if jitter:
             h = hashlib.sha256((str(seed) + "~" + ",".join(sorted(s))).encode()).digest()
             err += jitter * threshold * (2 * int.from_bytes(h[:8], "big") / 2**64 - 1)
-        return err <= threshold + eps
+        return err
 
+    def f(s: frozenset[str]) -> bool:
+        return error(s) <= threshold + eps
+
+    # the `excess` hint (error / tolerance), as the driver offers it for judged sets
+    f.excess = lambda s: error(frozenset(s)) / threshold if threshold > 0 else float("inf")  # type: ignore[attr-defined]
     return f
 
 

@@ -319,3 +319,104 @@ def test_small_models_stay_gt_call_for_call():
     c = CountingOracle(f)
     Auto(min_candidates=0).search(cands, c)
     assert c.calls != a.calls  # the case is diffuse enough to switch when allowed
+
+
+# ------------------------------------------------------------------ the `excess` hint
+def _with_excess_hint(f):
+    """`f`'s excess (error / tolerance) as the driver offers it: only for sets already asked."""
+    asked: set = set()
+
+    def passes(s):
+        asked.add(frozenset(s))
+        return f(s)
+
+    def excess(s):
+        return f.excess(s) if frozenset(s) in asked else None
+
+    return passes, excess
+
+
+@FAST
+@given(n=st.integers(1, 40), seed=st.integers(0, 1000), p=st.sampled_from([0.3, 0.6, 0.9]),
+       workers=st.sampled_from([1, 3]))
+def test_nearest_miss_check_is_one_minimal_on_arbitrary_functions(n, seed, p, workers):
+    """With the hint the order of the removals changes, never the claim: every removal fails against the result."""
+    import hashlib
+
+    from bisector.strategies._util import Asker, one_minimal_cyclic
+    from strategy_oracles import random_function
+
+    cands = names(n)
+    f = random_function(cands, seed, p)
+    f.excess = lambda s: hashlib.sha256(repr(sorted(s)).encode()).digest()[0] / 64  # arbitrary, unrelated to f
+    passes, excess = _with_excess_hint(f)
+    r = Rounds(passes, workers)
+    ask = Asker(cands, r, {"batch": r.batch, "workers": workers, "excess": excess})
+    assert ask.has_excess
+    result = one_minimal_cyclic(ask, frozenset(cands), list(reversed(cands)), nearest_miss=True)
+    assert is_one_minimal(f, result)
+    assert result in r.oracle.cache and all(result - {x} in r.oracle.cache for x in result)
+    assert all(size <= workers for size in r.sizes)
+
+
+def test_nearest_miss_check_cheaper_when_error_is_not_additive():
+    """Near the tolerance (jittered additive error) a change turns the nearest misses into passes: retrying them
+    first costs fewer evaluations than cycling through every member, for a set as small."""
+    from bisector.strategies._util import Asker, one_minimal_cyclic
+
+    plain = hinted = plain_size = hinted_size = 0
+    for seed in range(6):
+        cands, w, t = additive_case(150, 1.0, 0.3, seed)
+        f = additive(w, t, 0.2, seed)
+        start = frozenset(cands)
+        a = CountingOracle(f)
+        r1 = one_minimal_cyclic(Asker(cands, a, {}), start)
+        passes, excess = _with_excess_hint(f)
+        b = CountingOracle(passes)
+        r2 = one_minimal_cyclic(Asker(cands, b, {"excess": excess}), start, nearest_miss=True)
+        assert is_one_minimal(f, r1) and is_one_minimal(f, r2)
+        plain, hinted = plain + a.distinct, hinted + b.distinct
+        plain_size, hinted_size = plain_size + len(r1), hinted_size + len(r2)
+    assert hinted < plain  # 1549 against 1682 when written
+    assert hinted_size <= 1.1 * plain_size
+
+
+def test_a_failing_excess_hint_is_ignored():
+    from bisector.strategies._util import Asker
+
+    def broken(s):
+        raise RuntimeError("no")
+
+    ask = Asker(["a"], lambda s: True, {"excess": broken})
+    assert ask.has_excess and ask.excess({"a"}) is None
+    assert Asker(["a"], lambda s: True, {}).excess({"a"}) is None
+
+
+def test_driver_offers_the_excess_of_judged_sets_only(monkeypatch):
+    import json
+
+    from bisector.app.job import open_job
+    from bisector.app.options import options_from_flags
+    from bisector.search import driver
+
+    seen: dict = {}
+
+    class Probe:
+        def search(self, candidates, passes, **hints):
+            everything, nothing = frozenset(candidates), frozenset()
+            seen["unjudged"] = hints["excess"](everything - {candidates[0]})
+            passes(everything)
+            passes(nothing)
+            seen["all"], seen["none"] = hints["excess"](everything), hints["excess"](nothing)
+            return everything
+
+    monkeypatch.setattr(driver, "load_strategy", lambda name, options=None: Probe())
+    args = json.loads((ROOT / "fixtures" / "planted.json").read_text())["args"]
+    job = open_job(ROOT / "fixtures" / "planted.onnx", no_cache=True, **options_from_flags(args))
+    try:
+        oracle = job.oracle()
+        driver.run_search(oracle, "auto")
+        assert seen["unjudged"] is None  # a hint never costs an evaluation
+        assert seen["all"] == oracle.verdicts[frozenset(oracle.candidates)].excess <= 1 < seen["none"]
+    finally:
+        job.close()

@@ -89,6 +89,8 @@ def run_search(
     # another without one); `workers` tells the strategy how many sets a round may usefully hold.
     all_hints.setdefault("batch", lambda sets: [v.passed for v in oracle.evaluate_many(list(sets))])
     all_hints.setdefault("workers", oracle.workers)
+    # How far an asked set passed or failed (error / tolerance): strategies may order their next questions by it
+    all_hints.setdefault("excess", lambda fp32: _known_excess(oracle, fp32))
     try:
         if start is None:
             answer = frozenset(strategy.search(candidates, oracle.passes, **all_hints))
@@ -132,6 +134,12 @@ def removable(oracle: Oracle, answer: frozenset[str], judge_missing: bool = True
     return [n for n, v in zip(members, verdicts) if v is None or v.passed]
 
 
+def _known_excess(oracle: Oracle, fp32) -> float | None:
+    """The excess of a set the oracle has judged (None when it has not: a hint never costs an evaluation)."""
+    verdict = oracle.verdicts.get(frozenset(fp32))
+    return None if verdict is None else verdict.excess
+
+
 def _search_from(strategy, start: frozenset[str], candidates, oracle: Oracle, hints: dict) -> frozenset[str]:
     """Confirm and extend (DESIGN §4a: a CPU-found set checked on a real backend).
 
@@ -148,6 +156,9 @@ def _search_from(strategy, start: frozenset[str], candidates, oracle: Oracle, hi
         inner = dict(hints)
         if callable(batch):  # the strategy's sets are asked together with `start`, one at a time or in a batch
             inner["batch"] = lambda sets: batch([frozenset(s) | start for s in sets])
+        excess = hints.get("excess")
+        if callable(excess):
+            inner["excess"] = lambda s: excess(frozenset(s) | start)
         extra = frozenset(strategy.search(rest, lambda s: oracle.passes(frozenset(s) | start), **inner))
         start = start | extra
     return frozenset(strategy.search(within(start), oracle.passes, **hints))
