@@ -273,19 +273,26 @@ def test_node_costs_names_match_the_catalog_on_exported_models():
 # ------------------------------------------------------------------ issue 15, second round
 @FAST
 @given(n=st.integers(1, 40), seed=st.integers(0, 1000), p=st.sampled_from([0.3, 0.6, 0.9]),
-       workers=st.sampled_from([1, 3]))
-def test_group_reduce_and_cyclic_one_minimal_on_arbitrary_functions(n, seed, p, workers):
+       workers=st.sampled_from([1, 3]), nearest=st.booleans())
+def test_group_reduce_and_cyclic_one_minimal_on_arbitrary_functions(n, seed, p, workers, nearest):
+    """`nearest`: with the `excess` hint (arbitrary values, unrelated to f) the nearest-miss order changes which
+    removals are tried first, never the claim: every removal fails against the result."""
+    import hashlib
+
     from bisector.strategies._util import Asker, group_reduce, one_minimal_cyclic
     from strategy_oracles import random_function
 
     cands = names(n)
     f = random_function(cands, seed, p)
-    r = Rounds(f, workers)
-    ask = Asker(cands, r, {"batch": r.batch, "workers": workers})
+    f.excess = lambda s: hashlib.sha256(repr(sorted(s)).encode()).digest()[0] / 64
+    passes, excess = _with_excess_hint(f) if nearest else (f, None)
+    r = Rounds(passes, workers)
+    ask = Asker(cands, r, {"batch": r.batch, "workers": workers, **({"excess": excess} if nearest else {})})
+    assert ask.has_excess == nearest
     order = list(reversed(cands))
     s = group_reduce(ask, frozenset(cands), order)
     assert f(s)
-    result = one_minimal_cyclic(ask, s, order)
+    result = one_minimal_cyclic(ask, s, order, nearest_miss=nearest)
     assert is_one_minimal(f, result)
     assert result in r.oracle.cache and all(result - {x} in r.oracle.cache for x in result)
     assert all(size <= workers for size in r.sizes)
@@ -334,29 +341,6 @@ def _with_excess_hint(f):
         return f.excess(s) if frozenset(s) in asked else None
 
     return passes, excess
-
-
-@FAST
-@given(n=st.integers(1, 40), seed=st.integers(0, 1000), p=st.sampled_from([0.3, 0.6, 0.9]),
-       workers=st.sampled_from([1, 3]))
-def test_nearest_miss_check_is_one_minimal_on_arbitrary_functions(n, seed, p, workers):
-    """With the hint the order of the removals changes, never the claim: every removal fails against the result."""
-    import hashlib
-
-    from bisector.strategies._util import Asker, one_minimal_cyclic
-    from strategy_oracles import random_function
-
-    cands = names(n)
-    f = random_function(cands, seed, p)
-    f.excess = lambda s: hashlib.sha256(repr(sorted(s)).encode()).digest()[0] / 64  # arbitrary, unrelated to f
-    passes, excess = _with_excess_hint(f)
-    r = Rounds(passes, workers)
-    ask = Asker(cands, r, {"batch": r.batch, "workers": workers, "excess": excess})
-    assert ask.has_excess
-    result = one_minimal_cyclic(ask, frozenset(cands), list(reversed(cands)), nearest_miss=True)
-    assert is_one_minimal(f, result)
-    assert result in r.oracle.cache and all(result - {x} in r.oracle.cache for x in result)
-    assert all(size <= workers for size in r.sizes)
 
 
 def test_nearest_miss_check_cheaper_when_error_is_not_additive():
