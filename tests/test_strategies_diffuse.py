@@ -404,3 +404,21 @@ def test_driver_offers_the_excess_of_judged_sets_only(monkeypatch):
         assert seen["all"] == oracle.verdicts[frozenset(oracle.candidates)].excess <= 1 < seen["none"]
     finally:
         job.close()
+
+
+def test_ranked_search_falls_back_to_group_testing_when_the_prefix_holds_most_of_the_model():
+    """Equal weights (no node matters more) and an answer of 80% of the nodes: no ranking concentrates the error,
+    the shortest passing prefix holds most of the model, and `auto` finishes as `gt` — the same set, for gt's
+    evaluations plus the probes and prefix steps it spent finding that out."""
+    for seed in range(3):
+        cands, w, t = additive_case(200, 0.01, 0.8, seed)
+        f = additive(w, t)
+        a, g = CountingOracle(f), CountingOracle(f)
+        phases: list[str] = []
+        result = Auto().search(cands, a, progress=lambda ev: phases.append(ev["phase"]))
+        assert "threshold" in phases  # it did switch to the ranked search first
+        assert result == GroupTesting().search(cands, g)
+        assert a.distinct <= g.distinct + 64 + 2 * 8
+        never = CountingOracle(f)
+        Auto(fallback_prefix=0).search(cands, never)  # no fallback: the ranked search to the end
+        assert never.distinct != a.distinct
