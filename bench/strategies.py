@@ -419,6 +419,16 @@ def workers_bench(seeds: int) -> None:
     print("\nTarget (issue 16): P=4 rounds ≤ 0.45 × seq, evaluations ≤ 1.6 × seq.\n")
 
 
+def _number(value: str) -> object:
+    """An --auto value: int, else float, else the string."""
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return value
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, few seeds")
@@ -436,7 +446,7 @@ def main(argv: list[str] | None = None) -> None:
     for item in args.auto:
         key, _, value = item.partition("=")
         low = value.lower()
-        AUTO_OPTIONS[key] = (low == "true") if low in ("true", "false") else int(value) if value.isdigit() else value
+        AUTO_OPTIONS[key] = (low == "true") if low in ("true", "false") else _number(value)
     global USE_EXCESS
     USE_EXCESS = not args.no_excess
     seeds = args.seeds or (5 if args.quick else 10)
