@@ -23,7 +23,9 @@ candidates: below 64 the ranked search's fixed cost does not pay, ``gt`` goes on
    tests of the search's own (FP32 set = culprits ∪ a random part of the rest, the part's size steered so
    about half pass; a node's estimate is the pass rate of the probes that kept it FP32 minus of those that did
    not). With the ``costs`` hint the order is by estimate per cost (the threshold then prefers cheap nodes).
-2. binary-search the shortest passing prefix of that order (P-ary with P workers);
+2. binary-search the shortest passing prefix of that order (P-ary with P workers); when it holds more than
+   ``fallback_prefix`` (75%) of the candidates the ranking did not concentrate the error, and the search
+   finishes as ``gt`` (whose earlier calls are memo hits) instead of shrinking most of the model;
 3. shrink it: remove nodes in reverse rank order (most expensive first among equals with ``costs``) one at a time
    while the rest passes (``shrink="groups"``: in adaptive chunks, _util.group_reduce: a chunk that passes is
    removed and the next one is twice as large, a failing chunk is halved; then 1-minimality, with
@@ -85,7 +87,11 @@ class Auto(GroupTesting):
     on additive oracles 1.05 → 0.83 × gt); ``min_candidates`` — no switch below this many candidates (the ranked
     search's fixed cost — ≥ 16 probes, log2 N prefix steps, one check per prefix member — does not pay there);
     ``nearest_miss`` — with the ``excess`` hint, retry the 1-minimality removals that failed by the least first
-    (off: on two generated transformers at tight tolerances it cost 0.59x and 1.76x the evaluations).
+    (off: on two generated transformers at tight tolerances it cost 0.59x and 1.76x the evaluations);
+    ``fallback_prefix`` — when the shortest passing prefix holds more than this share of the candidates (the
+    ranking did not concentrate the error), finish as ``gt`` (0 never does; docs/benchmarks.md, "Issue 15,
+    fourth round": on two generated transformers 1.22x/1.53x gt's evaluations with larger sets became 1.04x/1.07x
+    with gt's sets).
     """
 
     name = "auto"
