@@ -158,7 +158,9 @@ class Auto(GroupTesting):
 
     def _group_testing_after_all(self, ask: Asker, cands: list[str], order: list[str]) -> frozenset[str]:
         """``gt``'s search to the end, without the switch: the calls it made before the switch are memo hits
-        (same answers, same calls), so this costs what ``gt`` costs plus the probes and prefix steps spent."""
+        (same answers, same calls), so this costs what ``gt`` costs plus the probes and prefix steps spent, and
+        returns ``gt``'s set (tested). In parallel rounds the replay may group its tests differently (the memo
+        already holds the probes' sets): the set is 1-minimal and about as small, not always the same (tested)."""
         saved, self.diffuse_after = self.diffuse_after, 0
         found: list[str] = []
         undecided = list(order)

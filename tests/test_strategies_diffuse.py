@@ -422,3 +422,17 @@ def test_ranked_search_falls_back_to_group_testing_when_the_prefix_holds_most_of
         never = CountingOracle(f)
         Auto(fallback_prefix=0).search(cands, never)  # no fallback: the ranked search to the end
         assert never.distinct != a.distinct
+
+
+def test_fallback_in_parallel_rounds_finishes_as_the_parallel_group_testing():
+    cands, w, t = additive_case(200, 0.01, 0.8, 1)
+    f = additive(w, t)
+    a, b = Rounds(f, 3), Rounds(f, 3)
+    phases: list[str] = []
+    result = Auto().search(cands, a, batch=a.batch, workers=3, progress=lambda ev: phases.append(ev["phase"]))
+    assert "threshold" in phases
+    plain = Auto(diffuse_after=0).search(cands, b, batch=b.batch, workers=3)
+    assert f(result) and is_one_minimal(f, result)
+    assert len(result) <= 1.1 * len(plain)
+    assert a.oracle.distinct <= b.oracle.distinct + 64 + 2 * 8
+    assert all(size <= 3 for size in a.sizes)
