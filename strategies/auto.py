@@ -158,9 +158,9 @@ class Auto(GroupTesting):
 
     def _group_testing_after_all(self, ask: Asker, cands: list[str], order: list[str]) -> frozenset[str]:
         """``gt``'s search to the end, without the switch: the calls it made before the switch are memo hits
-        (same answers, same calls), so this costs what ``gt`` costs plus the probes and prefix steps spent, and
-        returns ``gt``'s set (tested). In parallel rounds the replay may group its tests differently (the memo
-        already holds the probes' sets): the set is 1-minimal and about as small, not always the same (tested)."""
+        (same answers, same calls) up to gt's culprits, which are then made 1-minimal with the cyclic check.
+        Costs gt's search plus the probes and prefix steps spent (tested). In parallel rounds the replay may group
+        its tests differently (the memo already holds the probes' sets)."""
         saved, self.diffuse_after = self.diffuse_after, 0
         found: list[str] = []
         undecided = list(order)
@@ -173,7 +173,13 @@ class Auto(GroupTesting):
             return frozenset(cands)
         finally:
             self.diffuse_after = saved
-        return repair(ask, frozenset(found), order)
+        # gt's culprits, made 1-minimal the way the ranked search does it (cyclic: the literal check once, not
+        # after every removal), which is what a non-monotone oracle's many late removals cost least with
+        ask.phase = "verify"
+        result = frozenset(found)
+        if ask(result):
+            return self._one_minimal(ask, result, order)
+        return repair(ask, result, order)
 
     # ------------------------------------------------------------------ estimate event
     def _estimate(self, ask: Asker, n: int, k: int, diffuse: bool, final: bool = False, size: int | None = None,

@@ -408,7 +408,7 @@ def test_driver_offers_the_excess_of_judged_sets_only(monkeypatch):
 
 def test_ranked_search_falls_back_to_group_testing_when_the_prefix_holds_most_of_the_model():
     """Equal weights (no node matters more) and an answer of 80% of the nodes: no ranking concentrates the error,
-    the shortest passing prefix holds most of the model, and `auto` finishes as `gt` — the same set, for gt's
+    the shortest passing prefix holds most of the model, and `auto` finishes as `gt` — a set as small, for gt's
     evaluations plus the probes and prefix steps it spent finding that out."""
     for seed in range(3):
         cands, w, t = additive_case(200, 0.01, 0.8, seed)
@@ -417,7 +417,9 @@ def test_ranked_search_falls_back_to_group_testing_when_the_prefix_holds_most_of
         phases: list[str] = []
         result = Auto().search(cands, a, progress=lambda ev: phases.append(ev["phase"]))
         assert "threshold" in phases  # it did switch to the ranked search first
-        assert result == GroupTesting().search(cands, g)
+        gt = GroupTesting().search(cands, g)
+        assert f(result) and is_one_minimal(f, result)
+        assert len(result) <= 1.1 * len(gt)
         assert a.distinct <= g.distinct + 64 + 2 * 8
         never = CountingOracle(f)
         Auto(fallback_prefix=0).search(cands, never)  # no fallback: the ranked search to the end
