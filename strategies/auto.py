@@ -142,10 +142,7 @@ class Auto(GroupTesting):
         found: list[str] = []
         undecided: list[str] = list(order)
         try:
-            if ask.parallel > 1:
-                self._gt_parallel(ask, cands, order, found, undecided)
-            else:
-                self._gt_sequential(ask, cands, order, found, undecided)
+            self._group_testing(ask, cands, order, found, undecided)
         except _AllFail:
             return frozenset(cands)
         except _Diffuse:
@@ -156,6 +153,13 @@ class Auto(GroupTesting):
         self._estimate(ask, len(cands), len(found), diffuse=False, final=True)
         return repair(ask, frozenset(found), order)
 
+    def _group_testing(self, ask: Asker, cands: list[str], order: list[str], found: list[str],
+                       undecided: list[str]) -> None:
+        if ask.parallel > 1:
+            self._gt_parallel(ask, cands, order, found, undecided)
+        else:
+            self._gt_sequential(ask, cands, order, found, undecided)
+
     def _group_testing_after_all(self, ask: Asker, cands: list[str], order: list[str]) -> frozenset[str]:
         """``gt``'s search to the end, without the switch: the calls it made before the switch are memo hits
         (same answers, same calls) up to gt's culprits, which are then made 1-minimal with the cyclic check.
@@ -165,10 +169,7 @@ class Auto(GroupTesting):
         found: list[str] = []
         undecided = list(order)
         try:
-            if ask.parallel > 1:
-                self._gt_parallel(ask, cands, order, found, undecided)
-            else:
-                self._gt_sequential(ask, cands, order, found, undecided)
+            self._group_testing(ask, cands, order, found, undecided)
         except _AllFail:
             return frozenset(cands)
         finally:
