@@ -288,13 +288,14 @@ def test_serialized_model_parses_to_the_materialized_model():
     from bisector.model import weights
 
     rng = np.random.default_rng(0)
-    values = {"w": rng.standard_normal((30, 100)).astype(np.float32), "h": rng.standard_normal(5000).astype(np.float16),
+    odd = 'q"\n[/]' + "x" * 10000  # a hostile weight name: quotes, newline, brackets, 10k characters
+    values = {odd: rng.standard_normal((30, 100)).astype(np.float32), "h": rng.standard_normal(5000).astype(np.float16),
               "b": rng.integers(0, 2, 6000).astype(bool), "i": rng.integers(-9, 9, (2, 3, 700)).astype(np.int64),
               "e": np.zeros((0, 4), np.float32)}
-    inits = [weights.stub("w", TensorProto.FLOAT, [30, 100]), numpy_helper.from_array(np.array([1, 2], np.int64), "s"),
+    inits = [weights.stub(odd, TensorProto.FLOAT, [30, 100]), numpy_helper.from_array(np.array([1, 2], np.int64), "s"),
              weights.stub("h", TensorProto.FLOAT16, [5000]), weights.stub("b", TensorProto.BOOL, [6000]),
              weights.stub("i", TensorProto.INT64, [2, 3, 700]), weights.stub("e", TensorProto.FLOAT, [0, 4])]
-    g = helper.make_graph([helper.make_node("Identity", ["w"], ["y"], name="n")], "g", [],
+    g = helper.make_graph([helper.make_node("Identity", [odd], ["y"], name="n")], "g", [],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializer=inits)
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9, doc_string="d")
     model.metadata_props.add(key="k", value="v")
@@ -306,7 +307,7 @@ def test_serialized_model_parses_to_the_materialized_model():
     expected = weights.materialize(model, values)
     assert len(f.getvalue()) == len(stream) == expected.ByteSize()
     assert parsed == expected
-    assert [i.name for i in parsed.graph.initializer] == ["w", "s", "h", "b", "i", "e"]
+    assert [i.name for i in parsed.graph.initializer] == [odd, "s", "h", "b", "i", "e"]
     np.testing.assert_array_equal(numpy_helper.to_array(parsed.graph.initializer[3]), values["b"])
 
 
