@@ -67,7 +67,7 @@ class NodeExecutor:
         self.max_node_sessions = max(MAX_NODE_SESSIONS, 4 * len(self.blocks))
         self._threads = threads
         self._opts = self._options()
-        self._opts_small = self._options(threads=1)
+        self._opts_single = self._options(threads=1)  # sessions start on the caller's thread (`_run`)
         self.weights: dict[str, np.ndarray] = catalog.weight_values()
         # Converted (FP16-rounded) weights live as long as a cached session reads them, and sessions are evicted
         # once the converted weights they hold pass `converted_budget`: an all-FP16 evaluation would otherwise
@@ -314,11 +314,10 @@ class NodeExecutor:
         # sessions on small tensors never do (ORT does not split them).
         small = max((np.asarray(v).nbytes for v in inputs.values()), default=0) < _SMALL_TENSOR_BYTES and \
             sum(np.asarray(v).nbytes for v in weights.values()) < _SMALL_WEIGHT_BYTES
-        single = not pooled
         if shared:  # per-session initializers: options of its own
-            opts = self._options(threads=1 if single else None)
+            opts = self._options(threads=None if pooled else 1)
         else:
-            opts = self._opts_small if single else self._opts
+            opts = self._opts if pooled else self._opts_single
         held = weight_store.share_into(opts, graph, shared)
         t0 = time.perf_counter()
         try:
@@ -330,7 +329,7 @@ class NodeExecutor:
                                        if v is not self.weights.get(t))
         self.sessions_built += 1
         self.build_seconds += time.perf_counter() - t0
-        if single and not small and self._opts.intra_op_num_threads > 1:
+        if not pooled and not small and self._opts.intra_op_num_threads > 1:
             types = {t: np.empty(0, np.asarray(v).dtype) for t, v in inputs.items()}  # not the arrays: no hold on them
             sess._bisector_pooled = lambda: self._session(nodes, what, types, weights, outputs, pooled=True)  # type: ignore[attr-defined]
         return sess
