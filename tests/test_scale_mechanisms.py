@@ -438,6 +438,29 @@ def test_sessions_get_an_intra_op_pool_only_when_their_first_run_is_long(monkeyp
             np.testing.assert_array_equal(a[k], b[k])
 
 
+def test_sessions_on_large_inputs_and_weights_start_with_their_pool(monkeypatch):
+    """A block whose inputs and weights are both large runs long on its first run anyway: its session is built
+    once, with a pool, instead of once on the caller's thread and again with a pool (a short search of a
+    weight-heavy model paid ~1/3 of its search for the rebuilds). Lighter blocks still start on one thread."""
+    from bisector.backends.emulate import executor as ex
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import scale
+
+    monkeypatch.setattr(ex, "POOL_FROM_SECONDS", float("inf"))  # the first-run rule alone would never pool
+    model, _ = scale.transformer_model(1, 512, 64, heads=2)  # 128 KB activations, 1 MB weights per MatMul
+    cat = Catalog.from_model(model)
+    x = {"x": np.random.default_rng(5).uniform(-1, 1, (1, 64, 512)).astype(np.float32)}
+    be = EmulateBackend(block_size=4, threads=2)
+    be.open(cat)
+    be.run(Plan(frozenset(), cat.candidates), x)
+    pooled = [s for s in be.executor._sessions.values() if s.get_session_options().intra_op_num_threads != 1]
+    single = [s for s in be.executor._sessions.values() if s.get_session_options().intra_op_num_threads == 1]
+    assert pooled and single  # the MatMul blocks pooled from the start, the rest (LayerNorm, softmax...) not
+    assert be.executor.sessions_built == len(be.executor._sessions)  # none built twice
+    be.close()
+
+
 def test_block_variants_are_bounded_per_block_and_apart_from_node_sessions():
     """A diffuse search makes a new variant of most blocks per plan; ~150 KB each, they are kept up to two per
     block or half the weights' worth (at least MAX_SESSIONS). Node-level runs (`run_all`, `profile`) keep theirs apart: they evict no block."""
