@@ -61,7 +61,25 @@ def round_weight(a: np.ndarray) -> np.ndarray:
 
 def weight_rule(a: np.ndarray) -> np.ndarray:
     """`round_weight` as the FP16 array an FP16 layer holds (exact: its values are FP16 values)."""
-    return fastcast.to_half(round_weight(a))
+    if round_weight is not _BUILT_IN_ROUND_WEIGHT:  # the rule was changed in its home: derive from it
+        return fastcast.to_half(round_weight(a))
+    a = np.asarray(a, dtype=np.float32)
+    if not (a.size and _in_range(a)):
+        return fastcast.to_half(round_weight(a))
+    # The same fast path as round_weight's, one conversion instead of three (FP32 -> FP16 -> FP32 -> FP16):
+    # writing a mixed model converts every FP16 weight (226 MB of weights: 0.39 -> ~0.11 s). Zeros are counted
+    # on the FP16 bits with the sign masked off (numpy compares float16 values in software, 8x slower).
+    h = fastcast.to_half(a)
+    bits = h.reshape(-1).view(np.uint16)
+    if np.count_nonzero(bits & np.uint16(0x7FFF)) != np.count_nonzero(a != 0):
+        src = a.reshape(-1)
+        lost = np.flatnonzero((bits & np.uint16(0x7FFF)) == 0)
+        lost = lost[src[lost] != 0]
+        h.reshape(-1)[lost] = np.copysign(np.float32(FP16_MIN_SUBNORMAL), src[lost])
+    return h
+
+
+_BUILT_IN_ROUND_WEIGHT = round_weight
 
 
 def _in_range(a: np.ndarray) -> bool:
