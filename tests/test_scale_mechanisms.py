@@ -461,6 +461,47 @@ def test_sessions_on_large_inputs_and_weights_start_with_their_pool(monkeypatch)
     be.close()
 
 
+def test_weights_are_fed_except_where_a_kernel_needs_a_constant(monkeypatch):
+    """Block sessions get large weights as inputs fed from our arrays (ORT copies an external initializer while
+    it builds a session: ~5 ms per block of an 8 x 768 transformer); Conv weights stay initializers (NCHWc).
+    Same bits as with every weight an initializer."""
+    from bisector.backends.emulate import executor as ex
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import scale
+
+    import emulate_speed
+
+    tf, _ = scale.transformer_model(1, 128, 32, heads=2)
+    conv, _ = emulate_speed.build_model(2, 16, 32)  # 32 channels: 36 KB Conv weights, past the inline size
+    cases = [(tf, {"x": np.random.default_rng(2).uniform(-1, 1, (1, 32, 128)).astype(np.float32)}),
+             (conv, {"x": np.random.default_rng(3).uniform(0, 1, (1, 3, 16, 16)).astype(np.float32)})]
+    for model, x in cases:
+        cat = Catalog.from_model(model)
+        results = {}
+        for mode, constant_ops in (("fed", ex._CONSTANT_WEIGHT_OPS), ("initializers", None)):
+            if constant_ops is None:  # every op as if its kernel needed a constant: the old way
+                monkeypatch.setattr(ex, "_CONSTANT_WEIGHT_OPS", frozenset(o.op_type for o in model.graph.node))
+            be = EmulateBackend(block_size=4)
+            be.open(cat)
+            results[mode] = [be.run(plan, x) for plan in _plans(cat, 3)]
+            fed = {t for s in be.executor._sessions.values() for t in s._bisector_fed}
+            if mode == "fed":
+                readers = {t: n.op_type for n in model.graph.node for t in n.input}
+                assert all(readers[t.removesuffix("__rounded")] not in ("Conv", "ConvTranspose") for t in fed)
+                if any(n.op_type == "Conv" for n in model.graph.node):
+                    assert any(s._bisector_shared for s in be.executor._sessions.values())
+                else:
+                    assert fed
+            else:
+                assert not fed
+            be.close()
+            monkeypatch.undo()
+        for a, b in zip(results["fed"], results["initializers"]):
+            for k in a:
+                np.testing.assert_array_equal(a[k], b[k])
+
+
 def test_block_variants_are_bounded_per_block_and_apart_from_node_sessions():
     """A diffuse search makes a new variant of most blocks per plan; ~150 KB each, they are kept up to two per
     block or half the weights' worth (at least MAX_SESSIONS). Node-level runs (`run_all`, `profile`) keep theirs apart: they evict no block."""

@@ -285,24 +285,33 @@ class NodeExecutor:
 
     def _session(self, nodes, what: str, inputs: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
                  outputs: list[str], pooled: bool = False) -> ort.InferenceSession:
-        """One ORT session. Numeric weights are not serialised into it: the graph names them as external data
-        (`add_external_initializers`) and every session runs on this executor's own arrays (`add_initializer`:
-        ORT uses the caller's buffer, no copy; with prepacking off, measured 1.8 MB per session for a 64 MB
-        weight against 66 MB with `add_external_initializers` alone and 153 MB embedded)."""
+        """One ORT session. Numeric weights are not serialised into it. Most become graph inputs, fed from this
+        executor's own arrays on every run (ORT reads a fed CPU array in place). Weights of the ops whose fast
+        kernels need a constant (Conv's NCHWc layout: several times faster) are named as external data
+        (`add_external_initializers`) and run on our arrays too (`add_initializer`: with prepacking off, 1.8 MB
+        per session for a 64 MB weight against 66 MB with `add_external_initializers` alone and 153 MB embedded)
+        — but ORT copies such a weight once while it builds the session (~1 GB/s: 5 ms per block of an
+        8 x 768 transformer, the most of its build), so only where the kernel needs it."""
         model = self.catalog.model
         shared: dict[str, np.ndarray] = {}
+        fed: dict[str, np.ndarray] = {}
+        constant = {t for n in nodes if n.op_type in _CONSTANT_WEIGHT_OPS for t in n.input}
         initializers = []
         for t, v in weights.items():
             v = np.asarray(v)
             if v.dtype in _NP_TO_ONNX and v.nbytes >= weight_store.SHARE_MIN_BYTES and v.flags.c_contiguous:
-                initializers.append(weight_store.stub(t, _NP_TO_ONNX[v.dtype], v.shape))
-                shared[t] = v
+                if t in constant:
+                    initializers.append(weight_store.stub(t, _NP_TO_ONNX[v.dtype], v.shape))
+                    shared[t] = v
+                else:
+                    fed[t] = v
             else:
                 initializers.append(onnx.numpy_helper.from_array(v, t))
         graph = helper.make_graph(
             nodes,
             "bisector_part",
-            [helper.make_tensor_value_info(t, _NP_TO_ONNX[np.dtype(v.dtype)], None) for t, v in inputs.items()],
+            [helper.make_tensor_value_info(t, _NP_TO_ONNX[np.dtype(v.dtype)], None) for t, v in inputs.items()]
+            + [helper.make_tensor_value_info(t, _NP_TO_ONNX[v.dtype], v.shape) for t, v in fed.items()],
             [onnx.ValueInfoProto(name=o) for o in outputs],
             initializer=initializers,
         )
@@ -330,6 +339,7 @@ class NodeExecutor:
         except Exception as exc:
             raise BackendFailure(f"ONNX Runtime cannot build {what} on its own: {exc}") from None
         sess._bisector_shared = held  # type: ignore[attr-defined]  # the arrays must outlive the session
+        sess._bisector_fed = fed  # type: ignore[attr-defined]  # weights fed on every run (`_run`)
         sess._bisector_converted = sum(int(np.asarray(v).nbytes) for t, v in weights.items()  # type: ignore[attr-defined]
                                        if v is not self.weights.get(t))
         self.sessions_built += 1
@@ -343,6 +353,9 @@ class NodeExecutor:
         """`sess.run`; after a session's first run, one whose run took POOL_FROM_SECONDS or more on the caller's
         thread is rebuilt with an intra-op pool for its later runs (ORT's kernels give the same results at
         any thread count: tests/test_scale_mechanisms.py)."""
+        fed = getattr(sess, "_bisector_fed", None)
+        if fed:
+            feed = {**feed, **fed}
         pooled = getattr(sess, "_bisector_pooled", None)
         if pooled is None:
             return sess.run(outputs, feed)
@@ -416,6 +429,9 @@ class NodeExecutor:
 # rounded weights: a diffuse search on a 6-layer transformer (38 blocks, 42 MB of weights) held 375 MB with up to
 # 1024 of them, 224 MB with 76 — but plans cycling through more variants than are kept rebuild every block they
 # touch (3 random plans in turn: 36 ms per evaluation with all kept, 176 ms with 76).
+# Ops whose weights stay constant initializers in a session: ORT's NCHWc layout kernels for Conv need them (a fed
+# weight would run the plain kernel, several times slower); other ops run the same kernel either way.
+_CONSTANT_WEIGHT_OPS = frozenset({"Conv", "ConvTranspose"})
 MAX_SESSIONS = 128
 SESSIONS_PER_BLOCK = 2
 SESSIONS_WEIGHT_SHARE = 0.5
