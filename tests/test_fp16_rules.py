@@ -30,8 +30,16 @@ CASES += [np.array(EDGES, np.float32), np.array([0.0], np.float32), np.zeros(0, 
 CASES += [np.concatenate([c, [e]]).astype(np.float32) for c in CASES[:3] for e in (np.nan, 2.0**-26, 70000.0)]
 
 
+@pytest.fixture(params=["ort", "numpy-below-threshold"])
+def cast_path(request, monkeypatch):
+    """Every case through ORT's Cast, and through the default split (small arrays by numpy)."""
+    if request.param == "ort":
+        monkeypatch.setattr(fastcast, "NUMPY_BELOW", 1)
+    return request.param
+
+
 @pytest.mark.parametrize("i", range(len(CASES)))
-def test_weight_rule_is_the_definition_bit_for_bit(i):
+def test_weight_rule_is_the_definition_bit_for_bit(i, cast_path):
     a = CASES[i]
     got, want = rules.weight_rule(a), _definition(a)
     assert got.dtype == np.float16 and got.shape == want.shape
@@ -41,7 +49,8 @@ def test_weight_rule_is_the_definition_bit_for_bit(i):
 
 
 @pytest.mark.parametrize("i", range(len(CASES)))
-def test_ort_cast_is_numpys_cast(i):
+def test_ort_cast_is_numpys_cast(i, monkeypatch):
+    monkeypatch.setattr(fastcast, "NUMPY_BELOW", 1)  # ORT's Cast on every case, the small edge cases too
     a = CASES[i]
     with np.errstate(over="ignore", invalid="ignore"):
         want = a.astype(np.float16)

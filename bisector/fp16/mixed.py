@@ -83,6 +83,7 @@ class NodeWriter:
         self.created: set[str] = set()  # names of the FP16 tensors that exist already
         self.new_inits: list[onnx.TensorProto] = []
         self.all_outputs_fp32 = all_outputs_fp32  # every float output also under its FP32 name
+        self._slots: dict[str, tuple[list[bool], list[bool]]] = {}
 
     def ensure_fp16(self, t: str, out_nodes: list[onnx.NodeProto], read: Read) -> str:
         """The FP16 tensor an FP16 reader reads for `t` (created on first use)."""
@@ -120,7 +121,7 @@ class NodeWriter:
                     if t and fp16_name(t) in self.created and points.stored(t):
                         new.input[i] = fp16_name(t)
             return [new]
-        in_fp16, out_fp16 = _fp16_slots(catalog, node)
+        in_fp16, out_fp16 = self.slots(node)
         for t, i in catalog.reads(node.name):
             if i is not None and in_fp16[i] and catalog.is_float(t):
                 new.input[i] = self.ensure_fp16(t, emitted, points.read(node.name, i, t))
@@ -148,18 +149,26 @@ class NodeWriter:
         emitted.extend(stored)
         for t in producer_outputs:
             if (self.all_outputs_fp32 or t in self.graph_outputs
-                    or any(_needs_fp32(catalog, points, r, idx, t) for r, idx in catalog.consumers.get(t, []))):
+                    or any(self._needs_fp32(r, idx) for r, idx in catalog.consumers.get(t, []))):
                 emitted.append(cast(fp16_name(t), t, FLOAT))
         return emitted
 
+    def slots(self, node: onnx.NodeProto) -> tuple[list[bool], list[bool]]:
+        """`_fp16_slots` of `node`, once per node (asked again for each of its producers' outputs)."""
+        got = self._slots.get(node.name)
+        if got is None:
+            got = self._slots[node.name] = _fp16_slots(self.catalog, node)
+        return got
 
-def _needs_fp32(catalog: Catalog, points: RoundingPoints, reader: onnx.NodeProto, index: int | None, t: str) -> bool:
-    """Does `reader` read the FP32 name of `t` (produced FP16) in slot `index` (None: from a subgraph)?"""
-    if reader.op_type in _ANY_TYPE_READERS:
-        return index is None  # reads the FP16 tensor itself, unless from inside a subgraph
-    if reader.name not in points.fp16:
-        return True
-    return index is None or not _fp16_slots(catalog, reader)[0][index]
+    def _needs_fp32(self, reader: onnx.NodeProto, index: int | None) -> bool:
+        """Does `reader` read the FP32 name of a tensor produced FP16, in slot `index` (None: from a subgraph)?"""
+        if reader.op_type in _ANY_TYPE_READERS:
+            return index is None  # reads the FP16 tensor itself, unless from inside a subgraph
+        if reader.name not in self.points.fp16:
+            return True
+        return index is None or not self.slots(reader)[0][index]
+
+
 
 
 def _fp16_slots(catalog: Catalog, node: onnx.NodeProto) -> tuple[list[bool], list[bool]]:
