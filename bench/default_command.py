@@ -2,6 +2,7 @@
 
     python bench/default_command.py                 # the bundled fixtures + generated chain/conv/transformer models
     python bench/default_command.py --only planted,cnn --repeats 3
+    python bench/default_command.py --diffuse --only diffuse     # long searches at tight tolerances
 
 For each model (fixtures as shipped; generated ones in a temp dir, never committed):
 
@@ -128,7 +129,7 @@ def unet_model(h: int = 384, w: int = 768, base: int = 16) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
-def models(tmp: Path, large: bool = False) -> list[tuple]:
+def models(tmp: Path, large: bool = False, diffuse: bool = False) -> list[tuple]:
     """(name, path, tolerance flags, input ranges[, input shapes]). Generated models: bench/scale.py's chain and transformer,
     bench/parallel.py's planted transformer, bench/emulate_speed.py's conv net."""
     import parallel
@@ -158,6 +159,11 @@ def models(tmp: Path, large: bool = False) -> list[tuple]:
         m, _ = scale.transformer_model(layers, d, seq, heads=heads)
         gen.append((f"transformer {layers}x{d} s{seq}", m, ["--atol", "1e-1", "--rtol", "1e-1", "--val-range", "x:[-1,1]"],
                     {"x": (-1, 1)}))
+    if diffuse:  # long searches (1000+ evaluations, tight tolerances): the cost per evaluation, not start-up
+        for layers, seq, tol in ((6, 197, "2e-3"), (12, 128, "3e-3")):
+            m, _ = scale.transformer_model(layers, 384, seq, heads=6)
+            gen.append((f"diffuse transformer {layers}x384 s{seq} tol {tol}", m,
+                        ["--atol", tol, "--rtol", tol, "--val-range", "x:[-1,1]"], {"x": (-1, 1)}))
     for name, m, args, ranges in gen:
         p = tmp / (re.sub(r"\W+", "_", name) + ".onnx")
         onnx.save(m, p)
@@ -177,13 +183,15 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--only", default=None, help="comma-separated model names (prefixes)")
     ap.add_argument("--large", action="store_true", help="also the generated 48-layer transformer (1.27 GB)")
+    ap.add_argument("--diffuse", action="store_true",
+                    help="also two transformers at tight tolerances: searches of 800-1700 evaluations (~3 min)")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as td:
         tmp = Path(td)
         print("| model | nodes | one inference (warm; cold: load + run) | its peak RSS | evaluations | "
               "default command wall (median) | peak RSS | (wall − 2 s) / (evals × inference): warm; cold | RSS ratio |")
         print("|---|---|---|---|---|---|---|---|---|")
-        for name, path, args, ranges, shapes in models(tmp, a.large):
+        for name, path, args, ranges, shapes in models(tmp, a.large, a.diffuse):
             if a.only and not any(name.startswith(o) for o in a.only.split(",")):
                 continue
             ranges = ranges or {}
