@@ -209,6 +209,25 @@ def test_artifacts_time_is_recorded_and_a_spent_time_limit_skips_the_mixed_model
     assert json.loads((out / "constraints.json").read_text())["timings"]["artifacts"] >= 0
 
 
+def test_no_mixed_skips_the_mixed_model_and_says_why(tmp_path):
+    """`--no-mixed`: every artifact but model.mixed.onnx (a stale one removed), and report.md says why."""
+    from typer.testing import CliRunner
+
+    from bisector.cli.main import app
+
+    from .conftest import PLANTED, planted_spec
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "model.mixed.onnx").write_bytes(b"stale mixed model of an earlier run")
+    r = CliRunner().invoke(app, ["precision", str(PLANTED), "--fp16", *planted_spec()["args"], "-o", str(out),
+                                 "--no-cache", "--no-mixed", "--no-progress"])
+    assert r.exit_code == 0, r.output
+    assert (out / "constraints.json").exists() and (out / "add_constraints.py").exists()
+    assert not (out / "model.mixed.onnx").exists()
+    assert "model.mixed.onnx was not written: --no-mixed was given" in (out / "report.md").read_text()
+
+
 def test_session_variants_share_the_weights_instead_of_copying_them(tmp_path):
     """Issue 14: every rounding-pattern variant of a block runs on the executor's one copy of each weight (ORT
     uses our buffer: add_initializer, prepacking off). Copied per session, 8 variants of a block reading a 32 MB

@@ -109,6 +109,46 @@ def test_large_mixed_models_stream_their_weights_to_external_data(tmp_path, monk
         np.testing.assert_array_equal(a, b)
 
 
+def test_external_data_converts_fp16_copies_while_writing_at_most_two_at_once(tmp_path, monkeypatch):
+    """The FP16 copies are converted as the .data file is written, one ahead (not all before): building the
+    files converts nothing, and no more than two converted copies are alive at any time."""
+    import gc
+    import weakref
+
+    from bisector.fp16 import mixed
+
+    cat = Catalog.load(CNN)
+    plan = Plan(frozenset(), cat.candidates)  # every weight read as FP16
+    monkeypatch.setattr(write, "EXTERNAL_DATA_FROM_BYTES", 0)
+    monkeypatch.setattr(weight_store, "DETACH_MIN_BYTES", 64)  # every weight of the small CNN is detached
+    alive: list = []
+    most = [0]
+    real = mixed.FP16Copy.__array__
+
+    def tracked(self, dtype=None, copy=None):
+        out = real(self, dtype, copy)
+        if self.nbytes < weight_store.DETACH_MIN_BYTES:
+            return out  # an inline weight: converted into the protobuf at once
+        alive.append(weakref.ref(out))
+        gc.collect()
+        most[0] = max(most[0], sum(r() is not None for r in alive))
+        return out
+
+    monkeypatch.setattr(mixed.FP16Copy, "__array__", tracked)
+    files = write.mixed_model_files(cat, plan, tmp_path / "m.onnx")
+    assert not alive  # no detached copy converted yet
+    for p, fill in files:
+        with open(p, "wb") as f:
+            fill(f)
+    assert len(alive) >= 4 and most[0] <= 2
+    onnx.checker.check_model(str(tmp_path / "m.onnx"))
+    feeds = generate_inputs(cat, {}, {})[0]
+    want = _session(build_mixed_model(cat, plan)).run(None, feeds)
+    got = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"]).run(None, feeds)
+    for a, b in zip(want, got):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_convert_writes_external_data_for_large_weights(tmp_path, monkeypatch):
     from bisector.app.convert import convert
 

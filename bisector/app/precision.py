@@ -53,7 +53,7 @@ class PrecisionResult:
     stop_reason: str | None = None
 
 
-def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: bool = False,
+def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: bool = False, mixed: bool = True,
               on_verdict: Callable[[Verdict], None] | None = None, progress: SearchObserver | None = None,
               inputs: Inputs | None = None, tolerances: Tolerances | None = None,
               backend: BackendChoice | None = None, cache: Cache | None = None, search: Search | None = None,
@@ -63,7 +63,8 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
     Options come as typed groups (`inputs=Inputs(...)`) or flat keywords named like the flags (`atol=0.1`,
     `val_range={"x": (1, 2)}`, `strategy="auto"`, `max_evals=20`). `output_dir`: write constraints.json,
     add_constraints.py, model.mixed.onnx, layer-precision strings and report.md there (None: no files).
-    `plot`: also profile.json/profile.png (emulate; costs a sensitivity profile). `progress`: a SearchObserver
+    `plot`: also profile.json/profile.png (emulate; costs a sensitivity profile). `mixed=False`: no
+    model.mixed.onnx (the artifact whose cost grows with the weights). `progress`: a SearchObserver
     (the CLI's live display), `on_verdict`: called with every verdict.
     """
     groups = split_options(options, Inputs=inputs, Tolerances=tolerances, BackendChoice=backend, Cache=cache,
@@ -160,10 +161,12 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
         if output_dir is not None:
             from bisector.artifacts.write import write_artifacts
 
-            skip_mixed = budget.spent() and _model_bytes(cat) > MIXED_SKIP_BYTES
-            if skip_mixed:
+            skipped = None if mixed else "--no-mixed was given"
+            if mixed and budget.spent() and _model_bytes(cat) > MIXED_SKIP_BYTES:
+                skipped = "the --time-limit was spent by the search"
                 log.warning("--time-limit spent: model.mixed.onnx not written (report.md says how to write it)")
-            paths = write_artifacts(Path(output_dir), cat, constraints, extra_report, mixed=not skip_mixed)
+            paths = write_artifacts(Path(output_dir), cat, constraints, extra_report, mixed=skipped is None,
+                                    mixed_skipped=skipped or "")
         if result.workers > 1:
             log.info("%d new evaluation(s) in %d round(s) on %d workers", result.evaluations.get("new", 0),
                      result.rounds, result.workers)

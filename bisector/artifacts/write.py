@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
@@ -36,10 +37,11 @@ def begin_artifacts(out_dir: Path) -> Path:
 
 
 def write_artifacts(out_dir: Path, catalog: Catalog, constraints: Constraints, extra_report: str = "",
-                    mixed: bool = True) -> dict[str, Path]:
-    """Every artifact of a search; `mixed=False` (the --time-limit was spent): all but the mixed ONNX, the one
-    whose cost grows with the weights, and a stale one of an earlier run is removed. The time this takes is
-    recorded in constraints.json (`timings.artifacts`)."""
+                    mixed: bool = True, mixed_skipped: str = "the --time-limit was spent by the search"
+                    ) -> dict[str, Path]:
+    """Every artifact of a search; `mixed=False` (`--no-mixed`, or the --time-limit was spent: `mixed_skipped`
+    says which in report.md): all but the mixed ONNX, the one whose cost grows with the weights, and a stale one
+    of an earlier run is removed. The time this takes is recorded in constraints.json (`timings.artifacts`)."""
     t0 = time.perf_counter()
     out = begin_artifacts(Path(out_dir))
     fp32 = list(constraints.fp32_nodes)
@@ -60,7 +62,7 @@ def write_artifacts(out_dir: Path, catalog: Catalog, constraints: Constraints, e
         for stale in (paths.pop("mixed"), out / "model.mixed.onnx.data"):
             remove_file(stale)
         extra_report += (
-            "\n\n**model.mixed.onnx was not written: the --time-limit was spent by the search.** Write it with "
+            f"\n\n**model.mixed.onnx was not written: {mixed_skipped}.** Write it with "
             f"`bisector convert {Path(constraints.model).name} --fp16 --fp32 <the fp32_nodes of constraints.json> "
             "-o model.mixed.onnx`.\n")
     # every artifact that sets precisions also carries the pinned nodes (FP32 in the verified plan too)
@@ -91,7 +93,7 @@ def mixed_model_files(catalog: Catalog, plan, path: Path) -> list[tuple[Path, Ca
     .onnx; or .onnx + .onnx.data when its weights pass EXTERNAL_DATA_FROM_BYTES or the model would pass
     protobuf's 2 GB, the data streamed from the arrays."""
     model, values = build_mixed_detached(catalog, plan)
-    weight_bytes = sum(int(np.asarray(v).nbytes) for v in values.values())
+    weight_bytes = sum(int(v.nbytes) for v in values.values())  # arrays and FP16Copy: sizes, nothing converted
     if weight_bytes < EXTERNAL_DATA_FROM_BYTES and model.ByteSize() + weight_bytes <= _catalog.PROTOBUF_LIMIT:
         return [_one_file(model, values, path)]
     return _external_files(model, values, path)
@@ -109,11 +111,11 @@ def _external_files(model: onnx.ModelProto, values: dict, path: Path) -> list[tu
     """`model` as .onnx + .onnx.data: the stubs' `values` and inline initializers from EXTERNAL_MIN_BYTES up go
     to the data file, written straight from the arrays."""
     data_path = path.with_name(path.name + ".data")
-    layout: list[tuple[int, np.ndarray]] = []
+    layout: list[tuple[int, object]] = []  # (offset, array or FP16Copy)
     offset = 0
     for init in model.graph.initializer:
         if weight_store.is_stub(init):
-            raw = np.ascontiguousarray(values[init.name])
+            raw = values[init.name]
         elif init.ByteSize() >= EXTERNAL_MIN_BYTES:
             raw = np.ascontiguousarray(numpy_helper.to_array(init))
             init.CopyFrom(TensorProto(name=init.name, data_type=init.data_type, dims=list(init.dims),
@@ -132,14 +134,27 @@ def _external_files(model: onnx.ModelProto, values: dict, path: Path) -> list[tu
     model_bytes = model.SerializeToString()
 
     def fill_data(f):
+        # FP16 copies are converted one ahead, on a thread, while the previous one is written (ORT's Cast, numpy
+        # and the file write all release the GIL): at most two converted weights exist at once.
         at = 0
-        for start, raw in layout:
-            if start > at:
-                f.write(bytes(start - at))
-            f.write(memoryview(raw.reshape(-1).view(np.uint8)))
-            at = start + raw.nbytes
+        with ThreadPoolExecutor(1) as pool:
+            ahead = pool.submit(_contiguous, layout[0][1]) if layout else None
+            for k, (start, _) in enumerate(layout):
+                assert ahead is not None
+                raw = ahead.result()
+                ahead = pool.submit(_contiguous, layout[k + 1][1]) if k + 1 < len(layout) else None
+                if start > at:
+                    f.write(bytes(start - at))
+                f.write(memoryview(raw.reshape(-1).view(np.uint8)))
+                at = start + raw.nbytes
+                del raw
 
     return [(data_path, fill_data), (path, lambda f: f.write(model_bytes))]
+
+
+def _contiguous(value) -> np.ndarray:
+    """An array, or an FP16Copy converted now, as contiguous bytes to write."""
+    return np.ascontiguousarray(np.asarray(value))
 
 
 def _check_without_external_data(model: onnx.ModelProto) -> None:

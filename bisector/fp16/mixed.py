@@ -35,10 +35,11 @@ def build_mixed_model(catalog: Catalog, plan: Plan | frozenset[str]) -> onnx.Mod
     return weight_store.materialize(model, values)
 
 
-def build_mixed_detached(catalog: Catalog, plan: Plan | frozenset[str]) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+def build_mixed_detached(catalog: Catalog, plan: Plan | frozenset[str]) -> tuple[onnx.ModelProto, dict]:
     """The mixed model with its large weights as stubs (`bisector.model.weights`), and their values: the
-    catalog's own arrays for FP32 weights, new arrays for the FP16 copies. A writer streams them to an
-    external data file without a protobuf copy of the weights (`artifacts.write`)."""
+    catalog's own arrays for FP32 weights, `FP16Copy`s (converted when read with `np.asarray`) for the FP16
+    ones. A writer streams them to an external data file without a protobuf copy of the weights
+    (`artifacts.write`)."""
     if not isinstance(plan, Plan):
         plan = Plan(frozenset(plan), catalog.candidates)
     src = catalog.model
@@ -66,6 +67,24 @@ def fp16_form(catalog: Catalog, node: str) -> tuple[list[onnx.NodeProto], list[o
     return emit.node(catalog.nodes[node]), emit.new_inits
 
 
+class FP16Copy:
+    """The FP16 copy of a weight an FP16 node reads, converted on demand (`np.asarray(copy)`, each time: nothing
+    is kept): by `rules.weight_rule`, or rounded like an activation where ONNX types the weight as a parameter
+    (`as_param`). Shape, dtype and size are known without converting."""
+
+    dtype = np.dtype(np.float16)
+
+    def __init__(self, value: np.ndarray, as_param: bool = False):
+        self.value, self.as_param = value, as_param
+        self.shape = tuple(np.shape(value))
+        self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        value = self.value
+        out = rules.round_activation(value).astype("float16") if self.as_param else rules.weight_rule(value)
+        return out if dtype is None else out.astype(dtype)
+
+
 class NodeWriter:
     """Writes the nodes of the mixed model one source node at a time under `points` (FP16 tensors are created
     once and shared by every FP16 reader; converted weights collect in `new_inits`)."""
@@ -75,7 +94,7 @@ class NodeWriter:
         self.catalog, self.points = catalog, points
         # detached: large converted weights become stubs, their arrays in `new_values` (else TensorProtos)
         self.detached = detached
-        self.new_values: dict[str, np.ndarray] = {}
+        self.new_values: dict[str, FP16Copy] = {}
         src = catalog.model
         self.initializers = {i.name: i for i in src.graph.initializer}
         self.constants = {n.output[0]: n for n in src.graph.node if n.op_type == "Constant"}
@@ -97,13 +116,15 @@ class NodeWriter:
         self.created.add(name)
         if t in catalog.weights:
             value = catalog.value(t) if t in self.initializers else constant_value(self.constants[t])
-            converted = rules.round_activation(value).astype("float16") if as_param else rules.weight_rule(value)
-            if self.detached and converted.nbytes >= weight_store.DETACH_MIN_BYTES:
-                self.new_values[name] = converted
-                self.new_inits.append(weight_store.stub(name, helper.np_dtype_to_tensor_dtype(converted.dtype),
-                                                        converted.shape))
+            deferred = FP16Copy(value, as_param)
+            if self.detached and deferred.nbytes >= weight_store.DETACH_MIN_BYTES:
+                # converted when written (`np.asarray`): a writer streams one weight at a time, and can convert
+                # the next while it writes this one (artifacts.write)
+                self.new_values[name] = deferred
+                self.new_inits.append(weight_store.stub(name, helper.np_dtype_to_tensor_dtype(deferred.dtype),
+                                                        deferred.shape))
             else:
-                self.new_inits.append(numpy_helper.from_array(converted, name))
+                self.new_inits.append(numpy_helper.from_array(np.asarray(deferred), name))
         else:
             out_nodes.append(cast(t, name, FLOAT16))
         return name

@@ -15,13 +15,16 @@ Progress = Annotated[bool, typer.Option("--progress/--no-progress", rich_help_pa
 Plot = Annotated[bool, typer.Option("--plot/--no-plot", rich_help_panel="Output",
                                     help="Also write profile.json/profile.png (per-node sensitivity, final FP32 nodes, "
                                          "output error histograms; emulate). Costs a sensitivity profile.")]
+Mixed = Annotated[bool, typer.Option("--mixed/--no-mixed", rich_help_panel="Output",
+                                     help="Write model.mixed.onnx (default). Its cost grows with the weights: on a "
+                                          "short search of a large model it is a third or more of the time.")]
 OutputDir = Annotated[Path, typer.Option("-o", "--output-dir", help="Where to write the artifacts.", rich_help_panel="Output")]
 
 
 @command(Inputs, Tolerances, BackendChoice, Search, Cache)
 def precision(model: Model, fp16: Fp16 = True, output_dir: OutputDir = Path("bisector_out"), plot: Plot = False,
-              progress: Progress = True, json_out: JsonOut = None, junit: JunitOut = None, verbose: Verbose = False,
-              *, opts) -> None:
+              mixed: Mixed = True, progress: Progress = True, json_out: JsonOut = None, junit: JunitOut = None,
+              verbose: Verbose = False, *, opts) -> None:
     """Search the minimal set of nodes to keep in FP32 and write constraints.json, add_constraints.py,
     model.mixed.onnx, layer-precision strings and report.md."""
     from bisector.app import api
@@ -33,7 +36,7 @@ def precision(model: Model, fp16: Fp16 = True, output_dir: OutputDir = Path("bis
     refuse_outputs_onto(model, json=json_out, junit=junit, save_inputs=opts[Inputs].save_inputs)  # before the search
     s = opts[Search]
     display = SearchProgress(live=None if progress else False, max_evals=s.max_evals, time_limit=s.time_limit)
-    r = api.precision(model, output_dir=output_dir, plot=plot, progress=display, inputs=opts[Inputs],
+    r = api.precision(model, output_dir=output_dir, plot=plot, mixed=mixed, progress=display, inputs=opts[Inputs],
                       tolerances=opts[Tolerances], backend=opts[BackendChoice], cache=opts[Cache], search=s)
     c = r.constraints
     if json_out is not None:
