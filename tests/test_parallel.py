@@ -274,7 +274,7 @@ expect_fp32 = ["Add", "Sub"]
 [[model]]
 name = "b"
 path = "{SEED}"
-args = ["--no-resume"]
+args = ["--no-resume", "--no-mixed"]
 
 [[model]]
 name = "bad"
@@ -286,6 +286,8 @@ args = ["--workers", "0"]
     assert [m.exit_code for m in result.models] == [0, 0, 2]
     assert result.models[1].fp32_nodes == ["Add", "Sub"]
     assert (tmp_path / "out" / "a" / "constraints.json").exists()
+    assert (tmp_path / "out" / "a" / "model.mixed.onnx").exists()
+    assert not (tmp_path / "out" / "b" / "model.mixed.onnx").exists()  # the entry's --no-mixed, honoured
 
 
 def test_emulate_worker_killed_mid_evaluation_loses_nothing(tmp_path):

@@ -81,9 +81,14 @@ def parse_args(mode: str, args: list[str]) -> dict[str, Any]:
         if not hasattr(exc, "format_message"):
             raise
         raise UsageError(f"args {args}: {exc.format_message()}") from None
-    api_fields = _api_fields()
+    api_fields = _api_fields() | (_PRECISION_OUTPUT if mode == "precision" else set())
     given = {p.name for p in cmd.params if p.name and getattr(ctx.get_parameter_source(p.name), "name", "") != "DEFAULT"}
     return {k: v for k, v in ctx.params.items() if k in api_fields and k in given}
+
+
+# `precision`'s own output flags that the API takes too (`api.precision(plot=..., mixed=...)`): a nightly entry's
+# `--no-mixed` or `--plot` means what it means on the command line, not nothing.
+_PRECISION_OUTPUT = {"plot", "mixed"}
 
 
 def _api_fields() -> set[str]:
