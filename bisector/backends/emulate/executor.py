@@ -338,6 +338,9 @@ class NodeExecutor:
             sess = ort.InferenceSession(part.SerializeToString(), opts, providers=["CPUExecutionProvider"])
         except Exception as exc:
             raise BackendFailure(f"ONNX Runtime cannot build {what} on its own: {exc}") from None
+        # ORT's Python wrapper keeps the serialised graph for a provider fallback a CPU session never takes
+        # (`set_providers`, which we never call): ~20 KB per block of a 5000-node chain, 11 MB over its search.
+        sess._model_bytes = None  # type: ignore[attr-defined]
         sess._bisector_shared = held  # type: ignore[attr-defined]  # the arrays must outlive the session
         sess._bisector_fed = fed  # type: ignore[attr-defined]  # weights fed on every run (`_run`)
         sess._bisector_converted = sum(int(np.asarray(v).nbytes) for t, v in weights.items()  # type: ignore[attr-defined]
