@@ -113,6 +113,7 @@ class Auto(GroupTesting):
         min_candidates: int = 64,
         nearest_miss: bool = False,
         fallback_prefix: float = 0.75,
+        group_removals: bool = False,
     ) -> None:
         super().__init__(prior_decay, use_scores, power_of_two, smart_split, prior_power)
         self.diffuse_after = diffuse_after
@@ -125,6 +126,7 @@ class Auto(GroupTesting):
         self.min_candidates = min_candidates
         self.nearest_miss = nearest_miss
         self.fallback_prefix = fallback_prefix
+        self.group_removals = group_removals
 
     # ------------------------------------------------------------------ search
     def search(
@@ -550,5 +552,5 @@ class Auto(GroupTesting):
 
     def _one_minimal(self, ask: Asker, s: frozenset[str], order: list[str]) -> frozenset[str]:
         if self.cyclic:
-            return one_minimal_cyclic(ask, s, order, nearest_miss=self.nearest_miss)
+            return one_minimal_cyclic(ask, s, order, nearest_miss=self.nearest_miss, groups=self.group_removals)
         return one_minimal(ask, s, order)
