@@ -33,8 +33,9 @@ candidates: below 64 the ranked search's fixed cost does not pay, ``gt`` goes on
    once and the literal check — every removal failing against the final set — is paid once, instead of |R|
    per change; ``group_removals=True``, one worker: after a removal passes, the next members go two, four, ...
    at a time, a failing group back to single removals; ``nearest_miss=True`` with the driver's ``excess`` hint:
-   the removals that failed by the least are retried first — measured, not better on average, so off), then "drop two, add one" swaps (``swaps`` tries: two of the lowest-ranked members out, the
-   best-ranked outsider in) and the check again.
+   the removals that failed by the least are retried first — measured, not better on average, so off), then
+   "drop two, add one" swaps (``swaps`` tries: two of the lowest-ranked members out, the best-ranked outsider
+   in) and the check again.
 
 Estimate
 --------

@@ -478,7 +478,7 @@ def test_cyclic_group_removals_cheaper_on_jittered_additive_error():
 
 
 def test_auto_group_removals_option_reaches_the_check_and_stays_one_minimal():
-    """`Auto(group_removals=True)` (the default): the ranked search's and the fallback's 1-minimality checks use group removals
+    """`Auto(group_removals=True)` (the default): the diffuse search's 1-minimality check uses group removals
     (other calls than without), and the result is still 1-minimal on a non-monotone (jittered) oracle."""
     cands, w, t = additive_case(200, 1.0, 0.5, 1)
     f = additive(w, t, 0.2, 1)
