@@ -40,6 +40,7 @@ from bisector.strategies import CountingOracle, load_strategies  # noqa: E402
 ORDER = ["auto", "gt", "greedy", "ddmin", "bisect", "linear"]
 MINIMAL = ["auto", "gt", "greedy", "ddmin"]
 AUTO_OPTIONS: dict[str, object] = {}  # --auto KEY=VALUE: constructor options for auto (e.g. shrink=groups)
+ALSO_OPTIONS: dict[str, object] = {}  # --also KEY=VALUE (--large-diffuse): a second auto row with these options on top
 USE_EXCESS = True  # --no-excess: strategies get pass/fail only (no `excess` hint), as before the hint existed
 
 
@@ -327,6 +328,8 @@ def large_diffuse() -> None:
 
     print("## Large diffuse cases: `auto` against `gt` (emulate backend)\n")
     print(f"`auto` options: {AUTO_OPTIONS or 'defaults'}; the `excess` hint is offered as the driver offers it.\n")
+    if ALSO_OPTIONS:
+        print(f"`auto+` = `auto` with {ALSO_OPTIONS} on top (same run, a fresh job per row).\n")
     print("| case | N | strategy | FP32 size | evaluations | / gt | verify-phase evaluations | seconds | passes and 1-minimal |")
     print("|---|---|---|---|---|---|---|---|---|")
     cases = [("transformer 6x384 s197, atol = rtol = 2e-3", (6, 384, 197, 6), "2e-3"),
@@ -336,7 +339,8 @@ def large_diffuse() -> None:
             path = Path(td) / "m.onnx"
             onnx.save(transformer_model(layers, d, seq, heads=heads)[0], str(path))
             rows = []
-            for name in ("auto", "gt"):
+            runs = [("auto", AUTO_OPTIONS)] + ([("auto+", {**AUTO_OPTIONS, **ALSO_OPTIONS})] if ALSO_OPTIONS else [])
+            for name, opts in runs + [("gt", {})]:
                 job = open_job(path, no_cache=True, **options_from_flags(
                     ["--atol", tol, "--rtol", tol, "--val-range", "x:[-1,1]"]))
                 oracle = job.oracle()
@@ -347,7 +351,7 @@ def large_diffuse() -> None:
                 def progress(ev: dict, phases=phases, counting=counting) -> None:
                     phases.setdefault(str(ev.get("phase")), counting.distinct)
 
-                strategy = load_strategies()[name](**AUTO_OPTIONS) if name == "auto" else load_strategies()[name]()
+                strategy = load_strategies()[name.rstrip("+")](**opts)
                 t0 = time.perf_counter()
                 result = strategy.search(list(oracle.candidates), counting, progress=progress,
                                          **({"excess": f.excess} if USE_EXCESS else {}))
@@ -442,11 +446,15 @@ def main(argv: list[str] | None = None) -> None:
                     help="strategies get pass/fail only, no `excess` hint (the baseline for the hint's effect)")
     ap.add_argument("--auto", action="append", default=[], metavar="KEY=VALUE",
                     help="an option for auto's constructor, e.g. --auto shrink=groups --auto cyclic=true")
+    ap.add_argument("--also", action="append", default=[], metavar="KEY=VALUE",
+                    help="with --large-diffuse: also run auto with this option on top of --auto's (row 'auto+'), "
+                         "before/after in one run")
     args = ap.parse_args(argv)
-    for item in args.auto:
-        key, _, value = item.partition("=")
-        low = value.lower()
-        AUTO_OPTIONS[key] = (low == "true") if low in ("true", "false") else _number(value)
+    for items, into in ((args.auto, AUTO_OPTIONS), (args.also, ALSO_OPTIONS)):
+        for item in items:
+            key, _, value = item.partition("=")
+            low = value.lower()
+            into[key] = (low == "true") if low in ("true", "false") else _number(value)
     global USE_EXCESS
     USE_EXCESS = not args.no_excess
     seeds = args.seeds or (5 if args.quick else 10)

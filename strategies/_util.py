@@ -233,7 +233,7 @@ def group_reduce(ask: Asker, s: frozenset[str], order: Sequence[str], first: int
 
 
 def one_minimal_cyclic(ask: Asker, s: frozenset[str], order: Sequence[str] | None = None,
-                       nearest_miss: bool = False) -> frozenset[str]:
+                       nearest_miss: bool = False, groups: bool = False) -> frozenset[str]:
     """Make a passing set 1-minimal by cycling through its members: a removal that passes is kept at once.
 
     Stops when every member's removal has failed against the current set since the last change — that is the
@@ -243,6 +243,9 @@ def one_minimal_cyclic(ask: Asker, s: frozenset[str], order: Sequence[str] | Non
     (p: the share of members whose removal passes) plus |s| once. With ``batch`` + ``workers`` the next P
     members' removals go out together (the first that passes is kept; later answers of that round are stale).
     ``nearest_miss`` (with the ``excess`` hint): retry the removals that failed by the least first.
+    ``groups`` (one worker): after a removal passes, try the next members in pairs, then fours, ... (the group
+    doubles while removals pass); a failing group falls back to single removals at its start
+    (:func:`_one_minimal_cyclic_groups`). The stop is the same literal check.
     """
     ask.phase = "verify"
     rank = {n: i for i, n in enumerate(order)} if order is not None else ask.index
@@ -252,6 +255,8 @@ def one_minimal_cyclic(ask: Asker, s: frozenset[str], order: Sequence[str] | Non
     if nearest_miss and ask.has_excess:
         return _one_minimal_nearest_miss(ask, s, members)
     width = ask.parallel
+    if groups and width <= 1:
+        return _one_minimal_cyclic_groups(ask, s, members)
     i = 0  # position in ``members`` of the next removal to try
     clean = 0  # consecutive failed removals against the current ``s``
     while members and clean < len(members):
@@ -299,3 +304,34 @@ def _one_minimal_nearest_miss(ask: Asker, s: frozenset[str], members: list[str])
             members.remove(gone)
             s = s - {gone}
             failed.clear()
+
+
+def _one_minimal_cyclic_groups(ask: Asker, s: frozenset[str], members: list[str]) -> frozenset[str]:
+    """``one_minimal_cyclic`` (one worker) with group removals: after a removal passes, the next ``g`` members
+    (cyclic order) are tried together, ``g`` doubling while groups pass (runs of members that do not matter —
+    on real models often consecutive nodes whose FP16 copy changes nothing — go in about log2 of the run); a
+    failing group of ``g`` > 1 costs one evaluation and the search goes on with single removals from the group's
+    start. Stops as ``one_minimal_cyclic`` does: every single removal failed against the final set, asked
+    literally, so the result is 1-minimal for any oracle."""
+    i = 0  # position in ``members`` of the next removal to try
+    clean = 0  # consecutive failed single removals against the current ``s``
+    g = 1
+    while members and clean < len(members):
+        g = max(1, min(g, len(members) - clean))  # never a member whose single removal failed against this s
+        chunk = [members[(i + j) % len(members)] for j in range(g)]
+        if ask(s - frozenset(chunk)):
+            gone = set(chunk)
+            s = s - gone
+            # the member after the chunk, in the old cyclic order, is where the search goes on
+            after = next((members[(i + j) % len(members)] for j in range(g, len(members))
+                          if members[(i + j) % len(members)] not in gone), None)
+            members = [n for n in members if n not in gone]
+            i = members.index(after) if after is not None else 0
+            clean = 0
+            g *= 2
+        elif g > 1:
+            g = 1  # a group that failed: its members one at a time
+        else:
+            clean += 1
+            i = (i + 1) % len(members)
+    return s

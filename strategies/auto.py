@@ -31,9 +31,11 @@ candidates: below 64 the ranked search's fixed cost does not pay, ``gt`` goes on
    removed and the next one is twice as large, a failing chunk is halved; then 1-minimality, with
    ``cyclic=True`` by cycling through the members, _util.one_minimal_cyclic: a removal that passes is kept at
    once and the literal check — every removal failing against the final set — is paid once, instead of |R|
-   per change; ``nearest_miss=True`` with the driver's ``excess`` hint: the removals that failed by the least
-   are retried first — measured, not better on average, so off), then "drop two, add one" swaps (``swaps`` tries: two of the lowest-ranked members out, the
-   best-ranked outsider in) and the check again.
+   per change; ``group_removals=True``, one worker: after a removal passes, the next members go two, four, ...
+   at a time, a failing group back to single removals; ``nearest_miss=True`` with the driver's ``excess`` hint:
+   the removals that failed by the least are retried first — measured, not better on average, so off), then
+   "drop two, add one" swaps (``swaps`` tries: two of the lowest-ranked members out, the best-ranked outsider
+   in) and the check again.
 
 Estimate
 --------
@@ -88,6 +90,11 @@ class Auto(GroupTesting):
     search's fixed cost — ≥ 16 probes, log2 N prefix steps, one check per prefix member — does not pay there);
     ``nearest_miss`` — with the ``excess`` hint, retry the 1-minimality removals that failed by the least first
     (off: on two generated transformers at tight tolerances it cost 0.59x and 1.76x the evaluations);
+    ``group_removals`` — in the cyclic 1-minimality check (one worker), after a removal passes try the next
+    members in groups of 2, 4, ... (a failing group goes back to single removals; the final literal check is
+    unchanged). On by default since docs/benchmarks.md, "Issue 15, fifth round": on the two generated
+    transformers 834 → 697 and 1120 → 1121 evaluations, same sets; at most about one extra evaluation per
+    accepted removal elsewhere (real-model and additive cases: same sets, +0–10 evaluations);
     ``fallback_prefix`` — when the shortest passing prefix holds more than this share of the candidates (the
     ranking did not concentrate the error), finish as ``gt`` (0 never does; docs/benchmarks.md, "Issue 15,
     fourth round": on two generated transformers 1.22x/1.53x gt's evaluations with larger sets became 1.04x/1.07x
@@ -113,6 +120,7 @@ class Auto(GroupTesting):
         min_candidates: int = 64,
         nearest_miss: bool = False,
         fallback_prefix: float = 0.75,
+        group_removals: bool = True,
     ) -> None:
         super().__init__(prior_decay, use_scores, power_of_two, smart_split, prior_power)
         self.diffuse_after = diffuse_after
@@ -125,6 +133,7 @@ class Auto(GroupTesting):
         self.min_candidates = min_candidates
         self.nearest_miss = nearest_miss
         self.fallback_prefix = fallback_prefix
+        self.group_removals = group_removals
 
     # ------------------------------------------------------------------ search
     def search(
@@ -550,5 +559,5 @@ class Auto(GroupTesting):
 
     def _one_minimal(self, ask: Asker, s: frozenset[str], order: list[str]) -> frozenset[str]:
         if self.cyclic:
-            return one_minimal_cyclic(ask, s, order, nearest_miss=self.nearest_miss)
+            return one_minimal_cyclic(ask, s, order, nearest_miss=self.nearest_miss, groups=self.group_removals)
         return one_minimal(ask, s, order)
