@@ -109,9 +109,10 @@ def test_large_mixed_models_stream_their_weights_to_external_data(tmp_path, monk
         np.testing.assert_array_equal(a, b)
 
 
-def test_external_data_converts_fp16_copies_while_writing_at_most_two_at_once(tmp_path, monkeypatch):
-    """The FP16 copies are converted as the .data file is written, one ahead (not all before): building the
-    files converts nothing, and no more than two converted copies are alive at any time."""
+@pytest.mark.parametrize("external", [True, False])
+def test_fp16_copies_are_converted_while_writing_at_most_two_at_once(tmp_path, monkeypatch, external):
+    """The FP16 copies are converted as the file is written (.onnx.data, or the one .onnx), one ahead, not all
+    before: building the files converts nothing, and no more than two converted copies are alive at any time."""
     import gc
     import weakref
 
@@ -119,7 +120,8 @@ def test_external_data_converts_fp16_copies_while_writing_at_most_two_at_once(tm
 
     cat = Catalog.load(CNN)
     plan = Plan(frozenset(), cat.candidates)  # every weight read as FP16
-    monkeypatch.setattr(write, "EXTERNAL_DATA_FROM_BYTES", 0)
+    if external:
+        monkeypatch.setattr(write, "EXTERNAL_DATA_FROM_BYTES", 0)
     monkeypatch.setattr(weight_store, "DETACH_MIN_BYTES", 64)  # every weight of the small CNN is detached
     alive: list = []
     most = [0]

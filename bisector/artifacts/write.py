@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
@@ -134,27 +133,14 @@ def _external_files(model: onnx.ModelProto, values: dict, path: Path) -> list[tu
     model_bytes = model.SerializeToString()
 
     def fill_data(f):
-        # FP16 copies are converted one ahead, on a thread, while the previous one is written (ORT's Cast, numpy
-        # and the file write all release the GIL): at most two converted weights exist at once.
-        at = 0
-        with ThreadPoolExecutor(1) as pool:
-            ahead = pool.submit(_contiguous, layout[0][1]) if layout else None
-            for k, (start, _) in enumerate(layout):
-                assert ahead is not None
-                raw = ahead.result()
-                ahead = pool.submit(_contiguous, layout[k + 1][1]) if k + 1 < len(layout) else None
-                if start > at:
-                    f.write(bytes(start - at))
-                f.write(memoryview(raw.reshape(-1).view(np.uint8)))
-                at = start + raw.nbytes
-                del raw
+        at = 0  # FP16 copies are converted one ahead while the previous one is written (`weights.in_turn`)
+        for (start, _), raw in zip(layout, weight_store.in_turn([v for _, v in layout])):
+            if start > at:
+                f.write(bytes(start - at))
+            f.write(memoryview(raw.reshape(-1).view(np.uint8)))
+            at = start + raw.nbytes
 
     return [(data_path, fill_data), (path, lambda f: f.write(model_bytes))]
-
-
-def _contiguous(value) -> np.ndarray:
-    """An array, or an FP16Copy converted now, as contiguous bytes to write."""
-    return np.ascontiguousarray(np.asarray(value))
 
 
 def _check_without_external_data(model: onnx.ModelProto) -> None:

@@ -16,8 +16,9 @@ protobuf, built only where a writer or a foreign parser needs one); ORT sessions
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Iterable, Iterator, Mapping
 
 import numpy as np
 import onnx
@@ -152,19 +153,46 @@ class Serialized:
     def write(self, f) -> None:
         f.write(self._head)
         f.write(self._graph_header)
+        arrays = in_turn([p for p in self._pieces if not isinstance(p, bytes)])
         for piece in self._pieces:
-            f.write(piece if isinstance(piece, bytes) else memoryview(piece.reshape(-1).view(np.uint8)))
+            f.write(piece if isinstance(piece, bytes) else memoryview(next(arrays).reshape(-1).view(np.uint8)))
+
+
+def in_turn(values: list) -> Iterator[np.ndarray]:
+    """Each of `values` (arrays, or array-likes converted when read: `fp16.mixed.FP16Copy`) as a contiguous array,
+    in order, the next one converted on a thread while the caller writes this one (ORT's Cast, numpy and file
+    writes release the GIL): at most two converted values exist at once."""
+    def contiguous(v) -> np.ndarray:
+        return np.ascontiguousarray(np.asarray(v))
+
+    if not values:
+        return
+    with ThreadPoolExecutor(1) as pool:
+        ahead = pool.submit(contiguous, values[0])
+        for k in range(len(values)):
+            out = ahead.result()
+            if k + 1 < len(values):
+                ahead = pool.submit(contiguous, values[k + 1])
+            yield out
+            del out
 
 
 def _initializer_pieces(t: TensorProto, values: Mapping[str, np.ndarray]) -> list:
-    """One `GraphProto.initializer` entry: bytes, and for a stub its array as the `raw_data` bytes themselves."""
+    """One `GraphProto.initializer` entry: bytes, and for a stub its array (or array-like, converted when
+    written) as the `raw_data` bytes themselves."""
     if not is_stub(t):
         body = t.SerializeToString()
         return [_key(onnx.GraphProto, "initializer") + _varint(len(body)) + body]
-    value = np.ascontiguousarray(values[t.name])
-    header = numpy_helper.from_array(value.reshape(-1)[:1], t.name)  # name, element type, raw bytes of one value
-    if not header.HasField("raw_data") or value.dtype.byteorder == ">" or (value.size and
-                                                                        len(header.raw_data) != value.itemsize):
+    value = values[t.name]
+    if not isinstance(value, np.ndarray):  # converted when written: its type and shape are known now
+        sample = np.zeros(1, value.dtype)
+    else:
+        value = np.ascontiguousarray(value)
+        sample = value.reshape(-1)[:1]
+    header = numpy_helper.from_array(sample, t.name)  # name, element type, raw bytes of one value
+    size = int(np.prod(value.shape, dtype=np.int64))
+    if not header.HasField("raw_data") or value.dtype.byteorder == ">" or (size and
+                                                                        len(header.raw_data) != sample.itemsize):
         full = materialize_tensor(t, values).SerializeToString()  # a type from_array does not store raw
         return [_key(onnx.GraphProto, "initializer") + _varint(len(full)) + full]
     header.ClearField("raw_data")
