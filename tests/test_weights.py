@@ -151,6 +151,37 @@ def test_fp16_copies_are_converted_while_writing_at_most_two_at_once(tmp_path, m
         np.testing.assert_array_equal(a, b)
 
 
+def test_mixed_model_from_the_searchs_rounded_weights_is_the_same_file(tmp_path, monkeypatch):
+    """The FP16 copies the emulate backend rounded during the search are converted exactly (no second pass of the
+    weight rule over them), and the file is byte for byte the one written without them."""
+    from bisector.backends.emulate.backend import EmulateBackend
+    from bisector.fp16 import rules
+
+    cat = Catalog.load(CNN)
+    plan = Plan(frozenset(), cat.candidates)
+    be = EmulateBackend()
+    be.open(cat)
+    be.run(plan, generate_inputs(cat, {}, {})[0])
+    rounded = be.rounded_weights()
+    assert rounded
+    monkeypatch.setattr(weight_store, "DETACH_MIN_BYTES", 64)
+
+    def written(name, rounded):
+        for p, fill in write.mixed_model_files(cat, plan, tmp_path / name, rounded):
+            with open(p, "wb") as f:
+                fill(f)
+        return (tmp_path / name).read_bytes()
+
+    plain = written("plain.onnx", None)
+    calls = []
+    real = rules.weight_rule
+    monkeypatch.setattr(rules, "weight_rule", lambda a: calls.append(a.shape) or real(a))
+    reused = written("reused.onnx", rounded)
+    assert reused == plain
+    assert not [s for s in calls if any(np.shape(v) == s for v in rounded.values())]
+    be.close()
+
+
 def test_convert_writes_external_data_for_large_weights(tmp_path, monkeypatch):
     from bisector.app.convert import convert
 

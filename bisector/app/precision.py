@@ -157,6 +157,9 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
         paths = None
         # The search's sessions, weight copies and FP32 reference are not needed for the artifacts: free them
         # before the mixed model is built (48-layer model, 1.27 GB of weights: peak 7.1 -> see docs/benchmarks.md).
+        # The FP16-rounded weights it still holds are handed to the mixed model's writer first (converted to FP16
+        # exactly instead of by the rule again); they are within the search's own budget for them.
+        rounded = getattr(job.backend, "rounded_weights", dict)() if output_dir is not None and mixed else {}
         job.backend.close()
         if output_dir is not None:
             from bisector.artifacts.write import write_artifacts
@@ -166,7 +169,8 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
                 skipped = "the --time-limit was spent by the search"
                 log.warning("--time-limit spent: model.mixed.onnx not written (report.md says how to write it)")
             paths = write_artifacts(Path(output_dir), cat, constraints, extra_report, mixed=skipped is None,
-                                    mixed_skipped=skipped or "")
+                                    mixed_skipped=skipped or "", rounded=rounded)
+        del rounded
         if result.workers > 1:
             log.info("%d new evaluation(s) in %d round(s) on %d workers", result.evaluations.get("new", 0),
                      result.rounds, result.workers)

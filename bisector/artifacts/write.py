@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 import numpy as np
 import onnx
@@ -36,11 +36,12 @@ def begin_artifacts(out_dir: Path) -> Path:
 
 
 def write_artifacts(out_dir: Path, catalog: Catalog, constraints: Constraints, extra_report: str = "",
-                    mixed: bool = True, mixed_skipped: str = "the --time-limit was spent by the search"
-                    ) -> dict[str, Path]:
+                    mixed: bool = True, mixed_skipped: str = "the --time-limit was spent by the search",
+                    rounded: Mapping[str, np.ndarray] | None = None) -> dict[str, Path]:
     """Every artifact of a search; `mixed=False` (`--no-mixed`, or the --time-limit was spent: `mixed_skipped`
     says which in report.md): all but the mixed ONNX, the one whose cost grows with the weights, and a stale one
-    of an earlier run is removed. The time this takes is recorded in constraints.json (`timings.artifacts`)."""
+    of an earlier run is removed. The time this takes is recorded in constraints.json (`timings.artifacts`).
+    `rounded`: weights the search rounded already (`fp16.mixed.build_mixed_detached`)."""
     t0 = time.perf_counter()
     out = begin_artifacts(Path(out_dir))
     fp32 = list(constraints.fp32_nodes)
@@ -55,7 +56,7 @@ def write_artifacts(out_dir: Path, catalog: Catalog, constraints: Constraints, e
     # one first, so that a run that fails half way (disk full) never leaves new artifacts beside an old one.
     # Build everything in memory first: a failure here leaves no artifact of this run behind.
     if mixed:
-        mixed_files = mixed_model_files(catalog, frozenset(fp32), paths["mixed"])
+        mixed_files = mixed_model_files(catalog, frozenset(fp32), paths["mixed"], rounded)
     else:
         mixed_files = []
         for stale in (paths.pop("mixed"), out / "model.mixed.onnx.data"):
@@ -87,11 +88,12 @@ EXTERNAL_MIN_BYTES = 1024  # initializers at least this large go to the .data fi
 EXTERNAL_DATA_FROM_BYTES = 256 * 2**20
 
 
-def mixed_model_files(catalog: Catalog, plan, path: Path) -> list[tuple[Path, Callable]]:
+def mixed_model_files(catalog: Catalog, plan, path: Path,
+                      rounded: Mapping[str, np.ndarray] | None = None) -> list[tuple[Path, Callable]]:
     """The mixed model of `plan` as files to write, checked with onnx.checker before anything is written: one
     .onnx; or .onnx + .onnx.data when its weights pass EXTERNAL_DATA_FROM_BYTES or the model would pass
     protobuf's 2 GB, the data streamed from the arrays."""
-    model, values = build_mixed_detached(catalog, plan)
+    model, values = build_mixed_detached(catalog, plan, rounded)
     weight_bytes = sum(int(v.nbytes) for v in values.values())  # arrays and FP16Copy: sizes, nothing converted
     if weight_bytes < EXTERNAL_DATA_FROM_BYTES and model.ByteSize() + weight_bytes <= _catalog.PROTOBUF_LIMIT:
         return [_one_file(model, values, path)]

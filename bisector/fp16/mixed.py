@@ -13,12 +13,13 @@ regions is renamed — subgraphs of If/Loop/Scan that read outer-scope values ke
 from __future__ import annotations
 
 import copy
+from typing import Mapping
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from bisector.fp16 import rules
+from bisector.fp16 import fastcast, rules
 from bisector.fp16.casts import FLOAT, FLOAT16, cast, fp16_name, raw_name, rounded_name
 from bisector.fp16.plan import Plan
 from bisector.fp16.points import Read, RoundingPoints, rounding_points
@@ -35,11 +36,13 @@ def build_mixed_model(catalog: Catalog, plan: Plan | frozenset[str]) -> onnx.Mod
     return weight_store.materialize(model, values)
 
 
-def build_mixed_detached(catalog: Catalog, plan: Plan | frozenset[str]) -> tuple[onnx.ModelProto, dict]:
+def build_mixed_detached(catalog: Catalog, plan: Plan | frozenset[str],
+                         rounded: Mapping[str, np.ndarray] | None = None) -> tuple[onnx.ModelProto, dict]:
     """The mixed model with its large weights as stubs (`bisector.model.weights`), and their values: the
     catalog's own arrays for FP32 weights, `FP16Copy`s (converted when read with `np.asarray`) for the FP16
     ones. A writer streams them to an external data file without a protobuf copy of the weights
-    (`artifacts.write`)."""
+    (`artifacts.write`). `rounded`: weights already rounded by the weight rule (FP32 arrays of FP16 values: the
+    emulate backend's copies from the search), converted to FP16 exactly instead of by the rule again."""
     if not isinstance(plan, Plan):
         plan = Plan(frozenset(plan), catalog.candidates)
     src = catalog.model
@@ -50,7 +53,7 @@ def build_mixed_detached(catalog: Catalog, plan: Plan | frozenset[str]) -> tuple
     graph = model.graph
     del graph.node[:]
     del graph.value_info[:]  # stale after retyping; consumers re-infer
-    emit = NodeWriter(catalog, rounding_points(catalog, plan), detached=True)
+    emit = NodeWriter(catalog, rounding_points(catalog, plan), detached=True, rounded=rounded)
     for node in src.graph.node:
         graph.node.extend(emit.node(node))
     _add_used_initializers(model, list(src.graph.initializer) + emit.new_inits)
@@ -74,14 +77,20 @@ class FP16Copy:
 
     dtype = np.dtype(np.float16)
 
-    def __init__(self, value: np.ndarray, as_param: bool = False):
-        self.value, self.as_param = value, as_param
+    def __init__(self, value: np.ndarray, as_param: bool = False, rounded: np.ndarray | None = None):
+        # rounded: `value` through rules.round_weight already (FP16 values in FP32): its FP16 form is exact
+        self.value, self.as_param, self.rounded = value, as_param, None if as_param else rounded
         self.shape = tuple(np.shape(value))
         self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         value = self.value
-        out = rules.round_activation(value).astype("float16") if self.as_param else rules.weight_rule(value)
+        if self.rounded is not None:
+            out = fastcast.to_half(self.rounded)
+        elif self.as_param:
+            out = rules.round_activation(value).astype("float16")
+        else:
+            out = rules.weight_rule(value)
         return out if dtype is None else out.astype(dtype)
 
 
@@ -90,8 +99,9 @@ class NodeWriter:
     once and shared by every FP16 reader; converted weights collect in `new_inits`)."""
 
     def __init__(self, catalog: Catalog, points: RoundingPoints, all_outputs_fp32: bool = False,
-                 detached: bool = False):
+                 detached: bool = False, rounded: Mapping[str, np.ndarray] | None = None):
         self.catalog, self.points = catalog, points
+        self.rounded = rounded or {}  # weights rounded by the rule already (build_mixed_detached)
         # detached: large converted weights become stubs, their arrays in `new_values` (else TensorProtos)
         self.detached = detached
         self.new_values: dict[str, FP16Copy] = {}
@@ -116,7 +126,7 @@ class NodeWriter:
         self.created.add(name)
         if t in catalog.weights:
             value = catalog.value(t) if t in self.initializers else constant_value(self.constants[t])
-            deferred = FP16Copy(value, as_param)
+            deferred = FP16Copy(value, as_param, self.rounded.get(t))
             if self.detached and deferred.nbytes >= weight_store.DETACH_MIN_BYTES:
                 # converted when written (`np.asarray`): a writer streams one weight at a time, and can convert
                 # the next while it writes this one (artifacts.write)

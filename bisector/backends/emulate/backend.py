@@ -60,6 +60,13 @@ class EmulateBackend:
         return {"backend": self.name, "onnxruntime": ort.__version__,
                 "rules": tag if self.storage == "fp16" else f"bf16-{tag}", "bisector": __version__}
 
+    def rounded_weights(self) -> dict[str, np.ndarray]:
+        """The FP16-rounded weight copies the search still holds (FP32 arrays of FP16 values, by the weight rule),
+        for the mixed model's writer to convert exactly instead of rounding again; {} for BF16 storage."""
+        if self.executor is None or self.executor.storage != "fp16":
+            return {}
+        return dict(self.executor._converted.items())
+
     def close(self) -> None:
         self.executor = None
         for cache in (self._references, self._boundaries, self._feeds_keys):
