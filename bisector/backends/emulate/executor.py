@@ -427,14 +427,15 @@ class NodeExecutor:
             raise BackendFailure(f"ONNX Runtime failed to run block {block.index}: {exc}") from None
 
 
+# Ops whose weights stay constant initializers in a session: ORT's NCHWc layout kernels for Conv need them (a fed
+# weight would run the plain kernel, several times slower); other ops run the same kernel either way.
+_CONSTANT_WEIGHT_OPS = frozenset({"Conv", "ConvTranspose"})
+
 # Block variants kept: two per block (its all-FP32 and all-FP16 forms, what most evaluations reuse), or as many
 # as SESSION_BYTES each makes half the model's weights, at least MAX_SESSIONS. A variant costs ~150 KB besides its
 # rounded weights: a diffuse search on a 6-layer transformer (38 blocks, 42 MB of weights) held 375 MB with up to
 # 1024 of them, 224 MB with 76 — but plans cycling through more variants than are kept rebuild every block they
 # touch (3 random plans in turn: 36 ms per evaluation with all kept, 176 ms with 76).
-# Ops whose weights stay constant initializers in a session: ORT's NCHWc layout kernels for Conv need them (a fed
-# weight would run the plain kernel, several times slower); other ops run the same kernel either way.
-_CONSTANT_WEIGHT_OPS = frozenset({"Conv", "ConvTranspose"})
 MAX_SESSIONS = 128
 SESSIONS_PER_BLOCK = 2
 SESSIONS_WEIGHT_SHARE = 0.5

@@ -17,7 +17,8 @@ Plot = Annotated[bool, typer.Option("--plot/--no-plot", rich_help_panel="Output"
                                          "output error histograms; emulate). Costs a sensitivity profile.")]
 Mixed = Annotated[bool, typer.Option("--mixed/--no-mixed", rich_help_panel="Output",
                                      help="Write model.mixed.onnx (default). Its cost grows with the weights: on a "
-                                          "short search of a large model it is a third or more of the time.")]
+                                          "3-evaluation search a fifth of the time at 226 MB of weights, two "
+                                          "thirds at 1.27 GB.")]
 OutputDir = Annotated[Path, typer.Option("-o", "--output-dir", help="Where to write the artifacts.", rich_help_panel="Output")]
 
 
