@@ -200,8 +200,6 @@ class NodeWriter:
         return index is None or not self.slots(reader)[0][index]
 
 
-
-
 def _fp16_slots(catalog: Catalog, node: onnx.NodeProto) -> tuple[list[bool], list[bool]]:
     """Which inputs/outputs of an FP16 node carry FP16 tensors in the mixed model.
 
