@@ -14,6 +14,7 @@ emulation of the whole graph would do, at ORT's vectorised cast speed.
 
 from __future__ import annotations
 
+import os
 import time
 import weakref
 from collections import OrderedDict
@@ -327,7 +328,10 @@ class NodeExecutor:
         # Large inputs through large weights (a transformer layer's MatMuls over a sequence): the first run is
         # long anyway, so the session starts with its pool instead of being built twice (8 x 768 transformer,
         # 3 evaluations: 79 rebuilds, ~0.4 s of a 1.2 s search).
-        pooled = pooled or (largest_input >= _SMALL_TENSOR_BYTES and weight_bytes >= _SMALL_WEIGHT_BYTES)
+        # Inputs of several MB alone (a detector's feature maps at 960 x 1920: 29 MB) make every run long: a first
+        # run on one thread would cost a conv block twice its pooled time (BISECTOR_POOLED_INPUT_MB sets it).
+        pooled = pooled or largest_input >= _pooled_input_bytes() or (
+            largest_input >= _SMALL_TENSOR_BYTES and weight_bytes >= _SMALL_WEIGHT_BYTES)
         if shared:  # per-session initializers: options of its own
             opts = self._options(threads=None if pooled else 1)
         else:
@@ -443,6 +447,10 @@ SESSION_BYTES = 150 << 10
 MAX_NODE_SESSIONS = 1024  # node-level variants (`run_all`, `profile`) kept at least (4 per block in larger models)
 _SMALL_TENSOR_BYTES = 64 * 1024  # sessions whose inputs and weights are all this small run single-threaded
 _SMALL_WEIGHT_BYTES = 1 << 20
+
+
+def _pooled_input_bytes() -> int:
+    return int(float(os.environ.get("BISECTOR_POOLED_INPUT_MB", "4")) * 2**20)
 POOL_FROM_SECONDS = 1e-3  # a session whose first run takes this long on one thread gets an intra-op pool
 CONVERTED_BUDGET_MIN = 256 << 20  # converted weights cached sessions may hold: this, or a quarter of the weights
 _ARENA: list[bool] = []  # [registered?], once per process

