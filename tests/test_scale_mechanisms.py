@@ -480,6 +480,33 @@ def test_sessions_on_large_inputs_and_weights_start_with_their_pool(monkeypatch)
     be.close()
 
 
+def test_sessions_on_inputs_of_several_mb_start_with_their_pool(monkeypatch):
+    """Feature maps of several MB make every run of a block long even where its weights are small (a text
+    detector at 960 x 1920: 29 MB maps, 2-40 KB Conv weights): such sessions start with their pool instead of
+    a first run on one thread and a rebuild (that detector's search: 10.1 -> 8.2 s). Smaller ones do not."""
+    from bisector.backends.emulate import executor as ex
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import emulate_speed
+
+    monkeypatch.setattr(ex, "POOL_FROM_SECONDS", float("inf"))  # the first-run rule alone would never pool
+    monkeypatch.setenv("BISECTOR_POOLED_INPUT_MB", "1")
+    model, _ = emulate_speed.build_model(2, 96, 32)  # 1.2 MB maps (32 x 96 x 96), 36 KB weights
+    cat = Catalog.from_model(model)
+    be = EmulateBackend(block_size=4, threads=2)
+    be.open(cat)
+    be.run(Plan(frozenset(), cat.candidates), {"x": np.random.default_rng(4).uniform(0, 1, (1, 3, 96, 96)).astype(np.float32)})
+    threads = {s.get_session_options().intra_op_num_threads for s in be.executor._sessions.values()}
+    assert 2 in threads  # the blocks reading a map over 1 MB (the head, on pooled features, stays single)
+    assert be.executor.sessions_built == len(be.executor._sessions)  # none built twice
+    be.close()
+    monkeypatch.setenv("BISECTOR_POOLED_INPUT_MB", "8")  # now every map is below the threshold
+    be.open(cat)
+    be.run(Plan(frozenset(), cat.candidates), {"x": np.random.default_rng(4).uniform(0, 1, (1, 3, 96, 96)).astype(np.float32)})
+    assert {s.get_session_options().intra_op_num_threads for s in be.executor._sessions.values()} == {1}
+    be.close()
+
+
 def test_weights_are_fed_except_where_a_kernel_needs_a_constant(monkeypatch):
     """Block sessions get large weights as inputs fed from our arrays (ORT copies an external initializer while
     it builds a session: ~5 ms per block of an 8 x 768 transformer); Conv weights stay initializers (NCHWc).
