@@ -142,14 +142,14 @@ def copy_without_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
     weight into `model`'s protobuf arena, which frees nothing until the whole model goes, so each call grew
     the catalog by the size of its weights (a 1.27 GB model held 2.7 GB after loading, docs/benchmarks.md)."""
     out = onnx.ModelProto()
-    _copy_fields(model, out, skip="graph")
-    _copy_fields(model.graph, out.graph, skip="initializer")
+    _copy_fields(model, out, skip=("graph",))
+    _copy_fields(model.graph, out.graph, skip=("initializer",))
     return out
 
 
-def _copy_fields(src, dst, skip: str) -> None:
+def _copy_fields(src, dst, skip: tuple[str, ...]) -> None:
     for field, value in src.ListFields():
-        if field.name == skip:
+        if field.name in skip:
             continue
         if field.is_repeated:
             getattr(dst, field.name).extend(value)
@@ -160,21 +160,46 @@ def _copy_fields(src, dst, skip: str) -> None:
 
 
 def weightless_copy(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The model without value_info and without the bytes of large initializers (dims and types kept), so that
-    shape inference neither trusts stale value_info nor copies and serialises the weights (a model of 1 GB of
-    weights would otherwise cost several GB of peak memory here, and one beyond 2 GB cannot be serialised)."""
-    light = copy_without_initializers(model)
-    del light.graph.value_info[:]
+    """The model without value_info and without the bytes of large initializers and large Constant nodes (dims
+    and types kept, as initializer stubs), so that shape inference neither trusts stale value_info nor copies and
+    serialises the weights (a model of 1 GB of weights would otherwise cost several GB of peak memory here, and
+    one beyond 2 GB cannot be serialised; exporters such as paddle2onnx put every weight in a Constant node: a
+    recogniser's 11 MB of them cost 58 MB of peak memory in shape inference)."""
+    light = onnx.ModelProto()
+    _copy_fields(model, light, skip=("graph",))
+    _copy_fields(model.graph, light.graph, skip=("initializer", "node", "value_info"))
     for init in model.graph.initializer:
-        stub = light.graph.initializer.add()
-        if init.ByteSize() > 4096:
-            stub.name, stub.data_type = init.name, init.data_type
-            stub.dims.extend(init.dims)
-            stub.data_location = onnx.TensorProto.EXTERNAL
-            stub.external_data.add(key="location", value="__not_loaded__")
+        if init.ByteSize() > _STUB_BYTES:
+            _add_stub(light.graph, init.name, init.data_type, init.dims)
         else:
-            stub.CopyFrom(init)
+            light.graph.initializer.add().CopyFrom(init)
+    for node in model.graph.node:
+        value = _large_constant(node)
+        if value is not None:  # shape inference reads a Constant's type and dims: an initializer stub says both
+            _add_stub(light.graph, node.output[0], value.data_type, value.dims)
+        else:
+            light.graph.node.add().CopyFrom(node)
     return light
+
+
+_STUB_BYTES = 4096  # smaller tensors are kept whole: shape parameters (Reshape's shape, Resize's scales) are tiny
+
+
+def _large_constant(node: onnx.NodeProto) -> onnx.TensorProto | None:
+    if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or len(node.output) != 1:
+        return None
+    for attr in node.attribute:
+        if attr.name == "value" and attr.t.ByteSize() > _STUB_BYTES:
+            return attr.t
+    return None
+
+
+def _add_stub(graph: onnx.GraphProto, name: str, data_type: int, dims) -> None:
+    stub = graph.initializer.add()
+    stub.name, stub.data_type = name, data_type
+    stub.dims.extend(dims)
+    stub.data_location = onnx.TensorProto.EXTERNAL
+    stub.external_data.add(key="location", value="__not_loaded__")
 
 
 def unique_node_names(nodes: Iterable[onnx.NodeProto]) -> list[str]:
