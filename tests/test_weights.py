@@ -240,15 +240,7 @@ def test_shape_inference_copy_leaves_out_weights_held_in_constant_nodes():
     and infers the same types and shapes."""
     from bisector.model.graph import weightless_copy
 
-    model = onnx.load(str(CNN))
-    consts = [onnx.helper.make_node("Constant", [], [i.name], name=f"const_{i.name}", value=i)
-              for i in model.graph.initializer]
-    as_nodes = onnx.ModelProto()
-    as_nodes.CopyFrom(model)
-    del as_nodes.graph.initializer[:]
-    nodes = consts + list(as_nodes.graph.node)
-    del as_nodes.graph.node[:]
-    as_nodes.graph.node.extend(nodes)
+    as_nodes, consts = _weights_as_constant_nodes(onnx.load(str(CNN)))
     light = weightless_copy(as_nodes)
     assert light.ByteSize() < as_nodes.ByteSize() / 4
     big = [n for n in as_nodes.graph.node if n.op_type == "Constant" and n.ByteSize() > 8192]
@@ -258,3 +250,55 @@ def test_shape_inference_copy_leaves_out_weights_held_in_constant_nodes():
     assert inferred and all(inferred[k] == t for k, t in full.items() if k in inferred)
     assert set(full) - set(inferred) <= {n.output[0] for n in consts}  # only the stubbed Constants' outputs
     assert Catalog.from_model(as_nodes).tensor_types == Catalog.from_model(onnx.load(str(CNN))).tensor_types
+
+
+def _weights_as_constant_nodes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[onnx.NodeProto]]:
+    """`model` with every initializer turned into a Constant node, as paddle2onnx exports weights."""
+    consts = [onnx.helper.make_node("Constant", [], [i.name], name=f"const_{i.name}", value=i)
+              for i in model.graph.initializer]
+    as_nodes = onnx.ModelProto()
+    as_nodes.CopyFrom(model)
+    del as_nodes.graph.initializer[:]
+    nodes = consts + list(as_nodes.graph.node)
+    del as_nodes.graph.node[:]
+    as_nodes.graph.node.extend(nodes)
+    return as_nodes, consts
+
+
+def test_weights_in_constant_nodes_are_held_once_and_search_the_same(tmp_path):
+    """Large Constant-node weights become the catalog's arrays with stubs in its protobuf, as large initializers
+    do (they were held twice: protobuf and arrays); evaluations, the mixed model and its outputs are those of the
+    same model with initializers. A Constant that is a graph output stays a node."""
+    as_nodes, consts = _weights_as_constant_nodes(onnx.load(str(CNN)))
+    big = {c.output[0] for c in consts if c.attribute[0].t.ByteSize() >= weight_store.DETACH_MIN_BYTES}
+    as_nodes.graph.node.append(onnx.helper.make_node("Constant", [], ["k_out"], name="k", value=onnx.numpy_helper.from_array(
+        np.arange(2048, dtype=np.float32), "k")))
+    as_nodes.graph.output.append(onnx.helper.make_tensor_value_info("k_out", onnx.TensorProto.FLOAT, [2048]))
+    onnx.save(as_nodes, tmp_path / "const.onnx")
+    cat = Catalog.load(tmp_path / "const.onnx")
+    assert big and set(cat.weight_arrays) == big
+    assert not any(n.op_type == "Constant" and n.output[0] in big for n in cat.model.graph.node)
+    assert cat.model.ByteSize() < as_nodes.ByteSize() / 4
+    assert "k" in cat.nodes and "k_out" not in cat.weight_arrays  # a graph output: still a node
+    for name in big:
+        src = next(c for c in consts if c.output[0] == name)
+        np.testing.assert_array_equal(cat.value(name), onnx.numpy_helper.to_array(src.attribute[0].t))
+    plain = Catalog.load(CNN)
+    assert cat.candidates == plain.candidates
+    feeds = generate_inputs(plain, {}, {})[0]
+    from bisector.backends.emulate.backend import EmulateBackend
+
+    outs = []
+    for c in (plain, cat):
+        be = EmulateBackend()
+        be.open(c)
+        plan = Plan(frozenset(c.candidates[: len(c.candidates) // 2]), c.candidates)
+        outs.append(be.run(plan, feeds, plain.output_names))
+        be.close()
+        mixed = build_mixed_model(c, plan.fp32)
+        onnx.checker.check_model(mixed, full_check=True)
+        outs.append(_session(mixed).run(plain.output_names, feeds))
+    for name in plain.output_names:
+        np.testing.assert_array_equal(outs[0][name], outs[2][name])
+    for a, b in zip(outs[1], outs[3]):
+        np.testing.assert_array_equal(a, b)

@@ -284,7 +284,10 @@ def _external_locations(path: Path, model: onnx.ModelProto) -> list[Path]:
 def _hash_files(h, paths: list[Path]):
     """`h` updated with each existing file's bytes, in order. The catalog's sha256 is that of the model file and
     the external data files it names, in sorted order (content, not names, decides)."""
-    buf = bytearray(16 << 20)  # one reused buffer: no new bytes object per chunk (1.36 GB: 1.65 -> 1.1 s)
+    # One reused buffer: no new bytes object per chunk (1.36 GB: 1.65 -> 1.1 s). 1 MB hashes as fast as 16 MB
+    # (0.86 s for that 1.36 GB from the page cache) and does not leave 16 MB in this thread's malloc arena, which
+    # glibc kept for the rest of the search (a 11 MB model's catalog: +35 -> +19 MB).
+    buf = bytearray(1 << 20)
     view = memoryview(buf)
     for p in paths:
         if p.exists():

@@ -141,9 +141,14 @@ def copy_without_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
     Field by field, never touching `model`: taking its initializers out and putting them back copied every
     weight into `model`'s protobuf arena, which frees nothing until the whole model goes, so each call grew
     the catalog by the size of its weights (a 1.27 GB model held 2.7 GB after loading, docs/benchmarks.md)."""
+    return copy_without(model, ("initializer",))
+
+
+def copy_without(model: onnx.ModelProto, graph_fields: tuple[str, ...]) -> onnx.ModelProto:
+    """A copy of `model` whose graph lacks `graph_fields` (e.g. initializer, node), for the caller to fill."""
     out = onnx.ModelProto()
     _copy_fields(model, out, skip=("graph",))
-    _copy_fields(model.graph, out.graph, skip=("initializer",))
+    _copy_fields(model.graph, out.graph, skip=graph_fields)
     return out
 
 
@@ -165,9 +170,7 @@ def weightless_copy(model: onnx.ModelProto) -> onnx.ModelProto:
     serialises the weights (a model of 1 GB of weights would otherwise cost several GB of peak memory here, and
     one beyond 2 GB cannot be serialised; exporters such as paddle2onnx put every weight in a Constant node: a
     recogniser's 11 MB of them cost 58 MB of peak memory in shape inference)."""
-    light = onnx.ModelProto()
-    _copy_fields(model, light, skip=("graph",))
-    _copy_fields(model.graph, light.graph, skip=("initializer", "node", "value_info"))
+    light = copy_without(model, ("initializer", "node", "value_info"))
     for init in model.graph.initializer:
         if init.ByteSize() > _STUB_BYTES:
             _add_stub(light.graph, init.name, init.data_type, init.dims)

@@ -25,7 +25,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from bisector.errors import UsageError
-from bisector.model.graph import copy_without_initializers
+from bisector.model.graph import copy_without, copy_without_initializers
 
 IN_MEMORY = "bisector-in-memory"  # the external-data location of a stub whose values are in the catalog's arrays
 DETACH_MIN_BYTES = 4096  # smaller initializers stay inline: shape constants and scalars, cheap to keep twice
@@ -86,9 +86,10 @@ def detach(model: onnx.ModelProto, model_path: Path) -> tuple[onnx.ModelProto, d
     `model` was loaded without its external data: external initializers are mapped from their files, inline ones
     converted. Initializers numpy cannot hold, and external ones of such types, are loaded into the protobuf
     as onnx would (they are rare and small in practice)."""
-    light = copy_without_initializers(model)
+    light = copy_without(model, ("initializer", "node"))
     values: dict[str, np.ndarray] = {}
     base = model_path.parent
+    _nodes_with_constants_as_stubs(model, light, values)
     for init in model.graph.initializer:
         info = _external(init)
         if init.data_type in _NUMPY_TYPES and (info is not None or _value_bytes(init) >= DETACH_MIN_BYTES):
@@ -106,6 +107,33 @@ def detach(model: onnx.ModelProto, model_path: Path) -> tuple[onnx.ModelProto, d
             except Exception as exc:  # noqa: BLE001 - onnx raises several kinds
                 raise UsageError(f"{model_path}: cannot load its external data files ({exc})") from None
     return light, values
+
+
+def _nodes_with_constants_as_stubs(model: onnx.ModelProto, light: onnx.ModelProto, values: dict[str, np.ndarray]) -> None:
+    """`model`'s nodes into `light`, but large top-level Constant nodes become initializer stubs, their values
+    arrays, as large initializers do. Some exporters (paddle2onnx) put every weight in a Constant node; kept as
+    nodes, their bytes stayed in the protobuf beside the arrays every reader made of them (an 11 MB text
+    recogniser: its weights held twice for the whole search). An initializer and a Constant node are the same
+    value to ONNX, ONNX Runtime and TensorRT; a Constant that is also a graph output stays a node (not every
+    consumer takes an initializer as a graph output)."""
+    outputs = {o.name for o in model.graph.output}
+    for node in model.graph.node:
+        t = _large_constant_value(node)
+        if t is None or node.output[0] in outputs:
+            light.graph.node.add().CopyFrom(node)
+            continue
+        values[node.output[0]] = numpy_helper.to_array(t)
+        light.graph.initializer.append(stub(node.output[0], t.data_type, t.dims))
+
+
+def _large_constant_value(node: onnx.NodeProto) -> TensorProto | None:
+    if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or len(node.output) != 1 or not node.output[0]:
+        return None
+    attrs = {a.name: a for a in node.attribute}
+    t = attrs["value"].t if set(attrs) == {"value"} else None
+    if t is None or t.data_type not in _NUMPY_TYPES or t.data_location == TensorProto.EXTERNAL or t.segment.ListFields():
+        return None
+    return t if _value_bytes(t) >= DETACH_MIN_BYTES else None
 
 
 def _value_bytes(init: TensorProto) -> int:
