@@ -403,6 +403,36 @@ def test_converted_weights_are_bounded_and_evaluations_unchanged():
     assert bounded.executor.sessions_built > free.executor.sessions_built  # evicted variants were rebuilt
 
 
+def test_recently_used_rounded_weights_outlive_evicted_variants(monkeypatch):
+    """A diffuse search evicts block variants all the time; the FP16-rounded weights they read stay alive (up to
+    half the converted budget, bytes counted once) instead of being rounded again for the next variant."""
+    from bisector.backends.emulate import executor as ex
+    from .conftest import FIXTURES
+
+    calls = []
+    real = ex.rules.round_weight_as
+    monkeypatch.setattr(ex.rules, "round_weight_as", lambda *a: calls.append(1) or real(*a))
+    cat = Catalog.load(FIXTURES / "exported" / "cnn.onnx")
+    x = {cat.input_names[0]: np.random.default_rng(3).uniform(-1, 1, (1, 3, 64, 64)).astype(np.float32)}
+    plans = _plans(cat, 6) * 2
+    counts = {}
+    for label, budget in (("kept", None), ("not kept", 1)):
+        be = EmulateBackend()
+        be.open(cat)
+        be.executor.max_sessions = 2  # every plan evicts the variants of the one before
+        if budget is not None:
+            be.executor.converted_budget = budget
+        calls.clear()
+        for p in plans:
+            be.run(p, x)
+        counts[label] = len(calls)
+        weights = {t for n in cat.candidates for t, _ in cat.reads(n) if t in be.executor.weights}
+        if budget is None:
+            assert be.executor._recent_bytes <= be.executor.converted_recent_bytes
+        be.close()
+    assert counts["kept"] <= len(weights) < counts["not kept"]
+
+
 @pytest.mark.skipif(__import__("bisector.cores", fromlist=["usable_cores"]).usable_cores() < 2,
                     reason="one usable core: no session has pool threads to count")
 def test_sessions_on_small_tensors_keep_no_idle_threads():
