@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .conftest import PLANTED, SEED, run_cli
+from .conftest import FIXTURES, PLANTED, SEED, run_cli
 
 
 def _model_with_shape_path_and_unnamed_nodes(path):
@@ -78,3 +78,26 @@ def test_inspect_bad_model_exit_2(tmp_path):
     r = run_cli("inspect", bad)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert run_cli("inspect", tmp_path / "missing.onnx").returncode == 2
+
+
+def test_inspect_lists_the_files_nodes_when_weights_are_constant_nodes(tmp_path):
+    """The catalog holds large Constant-node weights as initializers (`weights.detach`); inspect still shows the
+    file: every node in file order, names as the model gives them (not "renamed"), the Constants as skipped."""
+    from bisector.app.inspect import inspect
+
+    from .test_weights import _weights_as_constant_nodes
+
+    as_nodes, consts = _weights_as_constant_nodes(onnx.load(str(FIXTURES / "exported" / "cnn.onnx")))
+    unnamed = next(n for n in as_nodes.graph.node if n.op_type == "Constant")
+    unnamed.name = ""  # an unnamed large Constant too
+    onnx.save(as_nodes, tmp_path / "c.onnx")
+    doc = inspect(tmp_path / "c.onnx")
+    assert doc["nodes_total"] == len(as_nodes.graph.node)
+    assert [n["op"] for n in doc["nodes"]] == [n.op_type for n in as_nodes.graph.node]
+    assert [n["index"] for n in doc["nodes"]] == list(range(len(as_nodes.graph.node)))
+    assert all(n["name_source"] == "model" for n in doc["nodes"] if n["name"] != f"node_of_{unnamed.output[0]}")
+    assert {n["name"] for n in doc["nodes"] if n["op"] != "Constant"} == {
+        n.name for n in as_nodes.graph.node if n.op_type != "Constant"}
+    assert all(n["status"] == "skipped" for n in doc["nodes"] if n["op"] == "Constant")
+    const_row = next(r for r in doc["op_histogram"] if r["op"] == "Constant")
+    assert const_row["count"] == len(consts)

@@ -14,19 +14,23 @@ SCHEMA_VERSION = 1
 def inspect(model: str | Path) -> dict[str, Any]:
     """Candidates, pinned nodes (with reasons), the op histogram, graph inputs and outputs with shapes and
     dtypes, and the TensorRT layer name each node will have."""
-    return describe(Catalog.load(Path(model)), _original_names(Path(model)))
+    return describe(Catalog.load(Path(model)), _file_nodes(Path(model)))
 
 
-def describe(cat, original_names: list[str] | None = None) -> dict[str, Any]:
-    """Everything `inspect` shows, as plain data. `original_names`: node names as stored in the file (by
-    position), to tell names the model gave from names the catalog assigned."""
+def describe(cat, file_nodes: list[tuple[str, str, str]] | None = None) -> dict[str, Any]:
+    """Everything `inspect` shows, as plain data. `file_nodes`: (name, op, first output) of each node as stored
+    in the file, to tell names the model gave from names the catalog assigned, and to list the Constant nodes
+    whose large values the catalog holds as initializers (`weights.detach`) where the file has them."""
     import onnx
 
     graph = cat.model.graph
     inits = {i.name for i in graph.initializer}
+    # Large Constant weights are initializer stubs in the catalog: in the file, they are nodes.
+    moved = [f[1] == "Constant" and f[2] in cat.weight_arrays for f in file_nodes] if file_nodes is not None else []
+    given_names = [f[0] for f, m in zip(file_nodes, moved) if not m] if file_nodes is not None else None
     nodes = []
     for i, node in enumerate(graph.node):
-        given = original_names[i] if original_names is not None and i < len(original_names) else node.name
+        given = given_names[i] if given_names is not None and i < len(given_names) else node.name
         if given == node.name:
             source, layer = "model", node.name
         elif not given:
@@ -40,6 +44,12 @@ def describe(cat, original_names: list[str] | None = None) -> dict[str, Any]:
         nodes.append({"index": i, "name": node.name, "op": node.op_type, "domain": node.domain or "ai.onnx",
                       "status": status, "reason": cat.pinned.get(node.name), "name_source": source,
                       "tensorrt_layer": layer})
+    if any(moved):  # back in file order, indexes as in the file; a Constant node makes no TensorRT layer
+        kept = iter(nodes)
+        nodes = [{"index": i, "name": f[0] or f"node_of_{f[2]}", "op": "Constant", "domain": "ai.onnx",
+                  "status": "skipped", "reason": None, "name_source": "model" if f[0] else "assigned",
+                  "tensorrt_layer": None} if m else {**next(kept), "index": i}
+                 for i, (f, m) in enumerate(zip(file_nodes, moved))]
     by_op: dict[str, Counter] = {}
     for n in nodes:
         by_op.setdefault(n["op"], Counter())[n["status"]] += 1
@@ -57,7 +67,7 @@ def describe(cat, original_names: list[str] | None = None) -> dict[str, Any]:
         "schema_version": SCHEMA_VERSION,
         "model": str(cat.path), "model_sha256": cat.sha256, "opset": cat.opset, "ir_version": cat.model.ir_version,
         "producer": " ".join(p for p in (cat.model.producer_name, cat.model.producer_version) if p) or None,
-        "nodes_total": len(graph.node), "candidates": list(cat.candidates), "pinned": dict(cat.pinned),
+        "nodes_total": len(nodes), "candidates": list(cat.candidates), "pinned": dict(cat.pinned),
         "inputs": [io(vi) for vi in graph.input if vi.name not in inits],
         "outputs": [io(vi) for vi in graph.output],
         "op_histogram": histogram, "nodes": nodes,
@@ -69,11 +79,12 @@ def describe(cat, original_names: list[str] | None = None) -> dict[str, Any]:
     }
 
 
-def _original_names(path: Path) -> list[str] | None:
+def _file_nodes(path: Path) -> list[tuple[str, str, str]] | None:
     import onnx
 
     try:
-        return [n.name for n in onnx.load(str(path), load_external_data=False).graph.node]
+        return [(n.name, n.op_type, n.output[0] if n.output else "")
+                for n in onnx.load(str(path), load_external_data=False).graph.node]
     except Exception:
         return None
 
