@@ -25,7 +25,10 @@ candidates: below 64 the ranked search's fixed cost does not pay, ``gt`` goes on
    not). With the ``costs`` hint the order is by estimate per cost (the threshold then prefers cheap nodes).
 2. binary-search the shortest passing prefix of that order (P-ary with P workers); when it holds more than
    ``fallback_prefix`` (75%) of the candidates the ranking did not concentrate the error, and the search
-   finishes as ``gt`` (whose earlier calls are memo hits) instead of shrinking most of the model;
+   finishes as ``gt`` (whose earlier calls are memo hits) instead of shrinking most of the model. Before all
+   the probes are spent (``early_fallback`` = 8 of them), the fallback-sized prefix of that rougher ranking is
+   asked once: when even it fails, the search falls back at once (the later probes are the same random sets
+   either way, so a search that goes on ranks as it would have);
 3. shrink it: remove nodes in reverse rank order (most expensive first among equals with ``costs``) one at a time
    while the rest passes (``shrink="groups"``: in adaptive chunks, _util.group_reduce: a chunk that passes is
    removed and the next one is twice as large, a failing chunk is halved; then 1-minimality, with
@@ -98,7 +101,10 @@ class Auto(GroupTesting):
     ``fallback_prefix`` — when the shortest passing prefix holds more than this share of the candidates (the
     ranking did not concentrate the error), finish as ``gt`` (0 never does; docs/benchmarks.md, "Issue 15,
     fourth round": on two generated transformers 1.22x/1.53x gt's evaluations with larger sets became 1.04x/1.07x
-    with gt's sets).
+    with gt's sets); ``early_fallback`` — after this many probes (when fewer than all), ask the
+    ``fallback_prefix`` share of the ranking so far and fall back to ``gt`` when it fails (0: never; the default 8
+    since docs/benchmarks.md, "Issue 15, sixth round": on real models and generated transformers every set the
+    same, 8–56 evaluations fewer where the search falls back, one more where it does not).
     """
 
     name = "auto"
@@ -121,6 +127,7 @@ class Auto(GroupTesting):
         nearest_miss: bool = False,
         fallback_prefix: float = 0.75,
         group_removals: bool = True,
+        early_fallback: int = 8,
     ) -> None:
         super().__init__(prior_decay, use_scores, power_of_two, smart_split, prior_power)
         self.diffuse_after = diffuse_after
@@ -134,6 +141,7 @@ class Auto(GroupTesting):
         self.nearest_miss = nearest_miss
         self.fallback_prefix = fallback_prefix
         self.group_removals = group_removals
+        self.early_fallback = early_fallback
 
     # ------------------------------------------------------------------ search
     def search(
@@ -422,20 +430,39 @@ class Auto(GroupTesting):
                        evaluations=len(ask.memo) + self._probe_count(n, scores) + 2 * int(math.log2(n) + 1)
                        + 2 * len(found))
         weigh_costs = costs is not None and scores is not None  # probe estimates are too rough to trade off
-        if scores is None:
-            ask.phase = "probe"
-            scores = self._probe(ask, cands, found, width)
         head = set(found)
         idx = ask.index
-        lo_s = min(scores.values())
 
-        def key(x: str) -> tuple:
-            value = scores[x] - lo_s + 1e-9
-            if weigh_costs:
-                value /= costs[x] ** self.cost_weight  # type: ignore[index]
-            return (-value, idx[x])
+        def ranking(scores: Mapping[str, float]) -> list[str]:
+            lo_s = min(scores.values())
 
-        rank = list(found) + sorted((x for x in cands if x not in head), key=key)
+            def key(x: str) -> tuple:
+                value = scores[x] - lo_s + 1e-9
+                if weigh_costs:
+                    value /= costs[x] ** self.cost_weight  # type: ignore[index]
+                return (-value, idx[x])
+
+            return list(found) + sorted((x for x in cands if x not in head), key=key)
+
+        if scores is None:
+            ask.phase = "probe"
+            check = None
+            if self.early_fallback and self.fallback_prefix:
+                # The ranked search falls back to gt when the shortest passing prefix holds more than
+                # fallback_prefix of the model (step 2). Ask that one prefix of a first, rougher ranking: when even
+                # it fails, fall back now instead of after all the probes and a binary search.
+                cut = int(self.fallback_prefix * n)
+
+                def check(rough: Mapping[str, float]) -> bool:
+                    ask.phase = "threshold"
+                    ok = ask(frozenset(ranking(rough)[:cut]))
+                    ask.phase = "probe"
+                    return ok
+
+            scores = self._probe(ask, cands, found, width, check)
+            if scores is None:
+                return None
+        rank = ranking(scores)
 
         # 2. the shortest passing prefix
         ask.phase = "threshold"
@@ -492,8 +519,13 @@ class Auto(GroupTesting):
             return max(0, self.probes)
         return max(16, min(64, round(0.15 * n)))
 
-    def _probe(self, ask: Asker, cands: list[str], found: list[str], width: int) -> dict[str, float]:
-        """First-order estimates: random FP32 sets (the culprits found plus a random part of the rest)."""
+    def _probe(self, ask: Asker, cands: list[str], found: list[str], width: int,
+               check: Callable[[dict[str, float]], bool] | None = None) -> dict[str, float] | None:
+        """First-order estimates: random FP32 sets (the culprits found plus a random part of the rest).
+
+        ``check`` (``early_fallback``): called once with the estimates after that many probes; when it returns
+        False the probing stops (None). The probes asked are the same sets as without it, so a search that
+        goes on ranks exactly as it would have."""
         rng = random.Random(self.seed * 1_000_003 + len(cands))
         rest = [x for x in cands if x not in set(found)]
         m = self._probe_count(len(cands), None)
@@ -501,8 +533,13 @@ class Auto(GroupTesting):
         size = len(rest) // 2
         done = 0
         base = frozenset(found)
+
+        def estimates() -> dict[str, float]:
+            return {**{x: st[0] / st[1] - st[2] / st[3] for x, st in stats.items()}, **{x: 1.0 for x in found}}
+
+        stage = self.early_fallback if check is not None and 0 < self.early_fallback < m else m
         while done < m and rest:
-            k = min(width, m - done)
+            k = min(width, stage - done)
             picks = [frozenset(rng.sample(rest, max(1, min(len(rest), size)))) for _ in range(k)]
             answers = ask.many([base | p for p in picks])
             for p, ok in zip(picks, answers):
@@ -517,7 +554,11 @@ class Auto(GroupTesting):
                 size = int(size * (0.85 if ok else 1.15)) + (0 if ok else 1)
                 size = max(1, min(len(rest), size))
             done += k
-        return {**{x: st[0] / st[1] - st[2] / st[3] for x, st in stats.items()}, **{x: 1.0 for x in found}}
+            if done == stage and stage < m:
+                if not check(estimates()):  # type: ignore[misc]
+                    return None
+                stage = m
+        return estimates()
 
     def _swap(self, ask: Asker, result: frozenset[str], rank: list[str],
               costs: Mapping[str, float] | None) -> frozenset[str]:

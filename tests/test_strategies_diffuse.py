@@ -487,3 +487,68 @@ def test_auto_group_removals_option_reaches_the_check_and_stays_one_minimal():
     r2 = Auto().search(cands, b)  # the default since the fifth round
     assert is_one_minimal(f, r1) and is_one_minimal(f, r2)
     assert a.calls != b.calls
+
+
+# ------------------------------------------------------------------ issue 15, sixth round: early fallback check
+def _probe_phase_calls(strategy, cands, f, **hints):
+    """(result, distinct evaluations, distinct sets asked while the phase was 'probe')."""
+    o = CountingOracle(f)
+    phase = {"now": None}
+    probe_sets: set = set()
+
+    def oracle(s):
+        if phase["now"] == "probe":
+            probe_sets.add(frozenset(s))
+        return o(s)
+
+    result = strategy.search(cands, oracle, progress=lambda ev: phase.update(now=ev.get("phase")), **hints)
+    return result, o.distinct, len(probe_sets)
+
+
+def test_early_fallback_stops_probing_when_a_rough_prefix_already_fails():
+    """Equal weights, 80% of the nodes needed (the case where `auto` falls back to gt after all its probes and a
+    prefix search): with `early_fallback=8` (the default) it asks the fallback-sized prefix of the ranking after 8
+    probes, that fails, and it falls back at once: the same set, fewer evaluations than without the check."""
+    for seed in range(3):
+        cands, w, t = additive_case(200, 0.01, 0.8, seed)
+        f = additive(w, t)
+        full, full_evals, full_probes = _probe_phase_calls(Auto(early_fallback=0), cands, f)
+        early, early_evals, early_probes = _probe_phase_calls(Auto(), cands, f)
+        assert full_probes == Auto()._probe_count(200, None) > 8  # without the check: all the probes first
+        assert early_probes == 8
+        assert early == full and f(early) and is_one_minimal(f, early)
+        assert early_evals < full_evals - 8
+
+
+def test_early_fallback_leaves_a_concentrated_ranking_alone():
+    """Where the rough ranking's prefix passes, the probing goes on with the same random sets, so the ranking,
+    the prefix search and the set are those without the check; the check costs at most one evaluation."""
+    for sigma, keep, seed in ((2.0, 0.05, 0), (1.0, 0.25, 1), (1.5, 0.1, 0)):
+        cands, w, t = additive_case(275, sigma, keep, seed)
+        f = additive(w, t)
+        a, b = CountingOracle(f), CountingOracle(f)
+        phases: list[str] = []
+        default = Auto(early_fallback=0).search(cands, a, progress=lambda ev: phases.append(ev["phase"]))
+        assert "shrink" in phases  # the ranked search ran to its shrink: no fallback
+        assert Auto().search(cands, b) == default
+        assert a.distinct <= b.distinct <= a.distinct + 1
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+@FAST
+@given(n=st.integers(1, 60), seed=st.integers(0, 10_000), p=st.sampled_from([0.2, 0.5, 0.8]))
+def test_early_fallback_one_minimal_on_arbitrary_functions(workers, n, seed, p):
+    """Any oracle where all-FP32 passes (here: a seeded random function, far from monotone), switched early
+    (`diffuse_after=2`, no candidate floor) so the early check, the fallback and the ranked search all run: the
+    result passes and is 1-minimal, with one worker and in parallel rounds."""
+    cands = names(n)
+    everything = frozenset(cands)
+
+    def f(s):
+        return s == everything or random.Random(f"{seed}:{sorted(s)}").random() < p
+
+    r = Rounds(f, workers)
+    strategy = Auto(early_fallback=2, diffuse_after=2, min_candidates=0, probes=6)
+    result = strategy.search(cands, r, **({"batch": r.batch, "workers": workers} if workers > 1 else {}))
+    assert f(result) and is_one_minimal(f, result)
+    assert all(size <= workers for size in r.sizes)
