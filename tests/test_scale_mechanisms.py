@@ -435,10 +435,12 @@ def test_recently_used_rounded_weights_outlive_evicted_variants(monkeypatch):
 
 @pytest.mark.skipif(__import__("bisector.cores", fromlist=["usable_cores"]).usable_cores() < 2,
                     reason="one usable core: no session has pool threads to count")
-def test_sessions_on_small_tensors_keep_no_idle_threads():
+def test_sessions_on_small_tensors_keep_no_idle_threads(monkeypatch):
     """Each ORT session owns its intra-op pool; hundreds of block sessions on small tensors used to leave hundreds
     of idle threads (thousands on a 16-core host). They run on the caller's thread alone now."""
     import os
+
+    monkeypatch.setenv("BISECTOR_NUMPY_BLOCKS", "0")  # the chain's blocks as sessions (else numpy runs them)
 
     model, _ = chain_model(600, width=16)
     cat = Catalog.from_model(model)
@@ -585,10 +587,12 @@ def test_weights_are_fed_except_where_a_kernel_needs_a_constant(monkeypatch):
                 np.testing.assert_array_equal(a[k], b[k])
 
 
-def test_block_variants_are_bounded_per_block_and_apart_from_node_sessions():
+def test_block_variants_are_bounded_per_block_and_apart_from_node_sessions(monkeypatch):
     """A diffuse search makes a new variant of most blocks per plan; ~150 KB each, they are kept up to two per
     block or half the weights' worth (at least MAX_SESSIONS). Node-level runs (`run_all`, `profile`) keep theirs apart: they evict no block."""
     from bisector.backends.emulate import executor as ex
+
+    monkeypatch.setenv("BISECTOR_NUMPY_BLOCKS", "0")  # the chain's blocks as sessions (else numpy runs them)
 
     model, _ = chain_model(1200, width=16)
     cat = Catalog.from_model(model)
@@ -607,3 +611,76 @@ def test_block_variants_are_bounded_per_block_and_apart_from_node_sessions():
     be.run_all(_plans(cat, 1, seed=8)[0], x)
     assert len(be.executor._node_sessions) > 0
     assert all(be.executor._sessions.get(k) is s for k, s in blocks.items())
+
+
+def _elementwise_model(seed: int, nodes: int = 40, width: int = 16):
+    """Random DAG of Add/Sub/Mul/Div/Neg/Abs/Identity on [2, width] tensors: broadcast [width] and scalar
+    weights, values past FP16's range, zeros to divide by, negative zeros."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    inits, made, live = [], [], ["x"]
+    special = np.array([0.0, -0.0, 7e4, -7e4, 1e-9, 3.0], np.float32)
+    for i in range(nodes):
+        op = ["Add", "Sub", "Mul", "Div", "Neg", "Abs", "Identity"][rng.integers(7)]
+        a = live[rng.integers(max(0, len(live) - 4), len(live))]
+        if op in ("Neg", "Abs", "Identity"):
+            ins = [a]
+        elif rng.random() < 0.5:
+            shape = [(), (width,), (2, width)][rng.integers(3)]
+            w = rng.standard_normal(shape).astype(np.float32) * np.float32(10.0 ** rng.integers(-3, 5))
+            if w.size and rng.random() < 0.3:
+                w.flat[rng.integers(w.size)] = special[rng.integers(special.size)]
+            inits.append(numpy_helper.from_array(np.asarray(w, np.float32), f"w{i}"))
+            ins = [a, f"w{i}"] if rng.random() < 0.7 else [f"w{i}", a]
+        else:
+            ins = [a, live[rng.integers(len(live))]]
+        made.append(helper.make_node(op, ins, [f"t{i}"], name=f"n{i} {op}"))
+        live.append(f"t{i}")
+    outs = [helper.make_tensor_value_info(t, TensorProto.FLOAT, None) for t in live[-3:]]
+    g = helper.make_graph(made, "ew", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, width])], outs,
+                          initializer=inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+@pytest.mark.parametrize("storage", ["fp16", "bf16"])
+def test_elementwise_blocks_in_numpy_are_the_sessions_bits(monkeypatch, storage):
+    """Blocks of float32 Add/Sub/Mul/Div/Neg/Abs/Identity on small tensors run in numpy instead of a session
+    per variant: the same bits as the sessions (and, all FP32, as one whole-model ORT session) on random graphs
+    with broadcasting, overflow past FP16, division by zero and negative zeros, under random plans."""
+    import onnxruntime as ort
+
+    from bisector.backends.emulate import executor as ex
+
+    calls = []
+    real = ex.NodeExecutor._run_block_numpy
+    monkeypatch.setattr(ex.NodeExecutor, "_run_block_numpy", lambda self, *a: calls.append(1) or real(self, *a))
+
+    def same(a: np.ndarray, b: np.ndarray) -> None:
+        """Bit for bit, but a NaN's sign (numpy's Neg flips it, ORT's kernels may not: a NaN either way)."""
+        nan = np.isnan(a)
+        np.testing.assert_array_equal(nan, np.isnan(b))
+        np.testing.assert_array_equal(np.where(nan, 0, a).view(np.uint32), np.where(nan, 0, b).view(np.uint32))
+
+    for seed in range(6):
+        model = _elementwise_model(seed)
+        cat = Catalog.from_model(model)
+        x = {"x": (np.random.default_rng(seed).standard_normal((2, 16)) * 300).astype(np.float32)}
+        x["x"][0, :3] = [0.0, -0.0, 7e4]
+        plans = [Plan(frozenset(cat.candidates), cat.candidates)] + _plans(cat, 5, seed)
+        results = {}
+        for label, env in (("numpy", "1"), ("sessions", "0")):
+            monkeypatch.setenv("BISECTOR_NUMPY_BLOCKS", env)
+            calls.clear()
+            backend = EmulateBackend(block_size=8, storage=storage)
+            backend.open(cat)
+            results[label] = [backend.run(p, x) for p in plans]
+            assert bool(calls) == (env == "1") and (env == "0" or backend.executor.sessions_built <= 1)
+            backend.close()
+        for a, b in zip(results["numpy"], results["sessions"]):
+            for k in a:
+                same(a[k], b[k])
+        whole = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        for k, v in zip(cat.output_names, whole.run(cat.output_names, x)):
+            same(results["numpy"][0][k], v)

@@ -441,6 +441,9 @@ class NodeExecutor:
             raise BackendFailure(f"ONNX Runtime failed to run the {key[0]} graph: {exc}") from None
 
     def _run_block(self, block: "_Block", values: list[np.ndarray], specs: tuple) -> list[np.ndarray]:
+        if block.elementwise and _numpy_blocks() and all(
+                isinstance(v, np.ndarray) and v.dtype == np.float32 and v.nbytes <= NUMPY_BLOCK_BYTES for v in values):
+            return self._run_block_numpy(block, values, specs)
         feed = {t: v for t, v in zip(block.inputs, values) if t not in self.weights}
         key = ("block", block.index, specs)
         sess = self._cached(key)
@@ -453,6 +456,52 @@ class NodeExecutor:
             return self._run(key, sess, None, feed)
         except Exception as exc:
             raise BackendFailure(f"ONNX Runtime failed to run block {block.index}: {exc}") from None
+
+
+    def _run_block_numpy(self, block: "_Block", values: list[np.ndarray], specs: tuple) -> list[np.ndarray]:
+        """A block of float32 Add/Sub/Mul/Div/Neg/Abs/Identity nodes on small tensors, computed by numpy as its
+        session would compute it: each of these ops is one correctly rounded IEEE operation per element in numpy
+        and in ONNX Runtime's CPU kernels alike (same bits: tests/test_scale_mechanisms.py), reads and stores
+        rounded where the specs say, as `compose` writes the Casts. Building and keeping a session per variant
+        of such a block costs ONNX Runtime ~1 ms and ~100 KB plus a few KB per node for microseconds of
+        arithmetic: a 5000-node chain of them built 529 sessions (2.9x one inference's memory)."""
+        env = dict(zip(block.inputs, values))
+        weights, converted, reads_of = self.weights, self._converted, self.catalog.reads
+        if self.storage == "fp16":  # what fastcast.round_half computes for arrays this small
+            def rnd(v: np.ndarray) -> np.ndarray:
+                return v.astype(np.float16).astype(np.float32)
+        else:
+            def rnd(v: np.ndarray) -> np.ndarray:
+                return rules.round_activation_as(self.storage, v)
+        with np.errstate(all="ignore"):  # overflow to inf and 0/0 are what FP16 storage and IEEE division give
+            for node, (reads, round_out) in zip(block.nodes, specs):
+                args = []
+                for (t, _), r in zip(reads_of(node.name), reads):
+                    if t in weights:
+                        v = weights[t]
+                        if r is Read.WEIGHT:
+                            v = converted.get(t)
+                            if v is None:
+                                v = self.converted(t)
+                    else:
+                        v = rnd(env[t]) if r is Read.ROUND else env[t]
+                    args.append(v)
+                out = np.asarray(_NUMPY_OPS[node.op_type](*args), dtype=np.float32)
+                env[node.output[0]] = rnd(out) if round_out and round_out[0] else out
+        return [env[o] for o in block.outputs]
+
+
+# Float32 elementwise ops that are one correctly rounded IEEE operation per element in numpy and in ONNX Runtime's
+# CPU kernels (no transcendental, no reduction, no fusion ORT could apply across them): blocks of only these, on
+# tensors up to NUMPY_BLOCK_BYTES, run in numpy (`_run_block_numpy`; BISECTOR_NUMPY_BLOCKS=0: sessions as before).
+_NUMPY_OPS: dict[str, Callable[..., np.ndarray]] = {
+    "Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide, "Neg": np.negative, "Abs": np.abs,
+    "Identity": np.array}
+NUMPY_BLOCK_BYTES = 16 << 10  # above this ORT's vectorised, multi-threaded kernels win; below, its per-session cost
+
+
+def _numpy_blocks() -> bool:
+    return os.environ.get("BISECTOR_NUMPY_BLOCKS", "1").strip() != "0"
 
 
 # Ops whose weights stay constant initializers in a session: ORT's NCHWc layout kernels for Conv need them (a fed
@@ -508,6 +557,9 @@ class _Block:
                  fusable: bool):
         self.index, self.nodes, self.inputs, self.outputs = index, nodes, inputs, outputs
         self.fusable = fusable
+        self.elementwise = fusable and all(  # `_run_block_numpy` can compute it
+            n.op_type in _NUMPY_OPS and n.domain in ("", "ai.onnx") and len(n.output) == 1 and all(n.input)
+            for n in nodes)
         self.input_producers: list[str] = []  # producers of the block's inputs (none for graph inputs, weights)
         self.dies_after: list[str] = []  # tensors (not graph outputs) no block after this one reads
 
