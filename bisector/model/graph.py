@@ -188,13 +188,18 @@ def weightless_copy(model: onnx.ModelProto) -> onnx.ModelProto:
 _STUB_BYTES = 4096  # smaller tensors are kept whole: shape parameters (Reshape's shape, Resize's scales) are tiny
 
 
-def _large_constant(node: onnx.NodeProto) -> onnx.TensorProto | None:
-    if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or len(node.output) != 1:
+def constant_tensor(node: onnx.NodeProto) -> onnx.TensorProto | None:
+    """The tensor of a plain Constant node (default domain, one output, a `value` attribute alone), else None."""
+    if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or len(node.output) != 1 or not node.output[0]:
         return None
-    for attr in node.attribute:
-        if attr.name == "value" and attr.t.ByteSize() > _STUB_BYTES:
-            return attr.t
-    return None
+    if len(node.attribute) != 1 or node.attribute[0].name != "value":
+        return None
+    return node.attribute[0].t
+
+
+def _large_constant(node: onnx.NodeProto) -> onnx.TensorProto | None:
+    t = constant_tensor(node)
+    return t if t is not None and t.ByteSize() > _STUB_BYTES else None
 
 
 def _add_stub(graph: onnx.GraphProto, name: str, data_type: int, dims) -> None:

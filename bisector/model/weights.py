@@ -25,7 +25,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from bisector.errors import UsageError
-from bisector.model.graph import copy_without, copy_without_initializers
+from bisector.model.graph import constant_tensor, copy_without, copy_without_initializers
 
 IN_MEMORY = "bisector-in-memory"  # the external-data location of a stub whose values are in the catalog's arrays
 DETACH_MIN_BYTES = 4096  # smaller initializers stay inline: shape constants and scalars, cheap to keep twice
@@ -127,10 +127,7 @@ def _nodes_with_constants_as_stubs(model: onnx.ModelProto, light: onnx.ModelProt
 
 
 def _large_constant_value(node: onnx.NodeProto) -> TensorProto | None:
-    if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or len(node.output) != 1 or not node.output[0]:
-        return None
-    attrs = {a.name: a for a in node.attribute}
-    t = attrs["value"].t if set(attrs) == {"value"} else None
+    t = constant_tensor(node)
     if t is None or t.data_type not in _NUMPY_TYPES or t.data_location == TensorProto.EXTERNAL or t.segment.ListFields():
         return None
     return t if _value_bytes(t) >= DETACH_MIN_BYTES else None

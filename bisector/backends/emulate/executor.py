@@ -457,7 +457,6 @@ class NodeExecutor:
         except Exception as exc:
             raise BackendFailure(f"ONNX Runtime failed to run block {block.index}: {exc}") from None
 
-
     def _run_block_numpy(self, block: "_Block", values: list[np.ndarray], specs: tuple) -> list[np.ndarray]:
         """A block of float32 Add/Sub/Mul/Div/Neg/Abs/Identity nodes on small tensors, computed by numpy as its
         session would compute it: each of these ops is one correctly rounded IEEE operation per element in numpy
@@ -520,13 +519,14 @@ SESSION_BYTES = 150 << 10
 MAX_NODE_SESSIONS = 1024  # node-level variants (`run_all`, `profile`) kept at least (4 per block in larger models)
 _SMALL_TENSOR_BYTES = 64 * 1024  # sessions whose inputs and weights are all this small run single-threaded
 _SMALL_WEIGHT_BYTES = 1 << 20
-
-
-def _pooled_input_bytes() -> int:
-    return int(float(os.environ.get("BISECTOR_POOLED_INPUT_MB", "4")) * 2**20)
 POOL_FROM_SECONDS = 1e-3  # a session whose first run takes this long on one thread gets an intra-op pool
 CONVERTED_BUDGET_MIN = 256 << 20  # converted weights cached sessions may hold: this, or a quarter of the weights
 _ARENA: list[bool] = []  # [registered?], once per process
+
+
+def _pooled_input_bytes() -> int:
+    """A session with an input this large starts with its intra-op pool: BISECTOR_POOLED_INPUT_MB, else 4 MB."""
+    return int(float(os.environ.get("BISECTOR_POOLED_INPUT_MB", "4")) * 2**20)
 
 
 def _shared_arena() -> bool:
