@@ -3,6 +3,8 @@ by a boolean input. Checked here on the CPU provider; GPU numbers in docs/verifi
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -26,7 +28,21 @@ MODELS = {
     "loop_scan": (CONSTRUCTS / "loop_scan.onnx", {}, {}),
     "names": (CONSTRUCTS / "names.onnx", {}, {}),
     "masks_ints": (CONSTRUCTS / "masks_ints.onnx", {}, {}),
+    "cnn_constant_weights": (None, {}, {}),  # the CNN with every weight a Constant node (paddle2onnx's export style)
 }
+
+
+def _model_path(name):
+    path = MODELS[name][0]
+    if path is not None:
+        return path
+    import tempfile
+
+    from .test_weights import _weights_as_constant_nodes
+
+    path = Path(tempfile.mkdtemp()) / "cnn_constant_weights.onnx"
+    onnx.save(_weights_as_constant_nodes(onnx.load(str(FIXTURES / "exported" / "cnn.onnx")))[0], path)
+    return path
 
 
 def _session(model: onnx.ModelProto) -> ort.InferenceSession:
@@ -37,8 +53,8 @@ def _session(model: onnx.ModelProto) -> ort.InferenceSession:
 
 
 def _setup(name):
-    path, ranges, shapes = MODELS[name]
-    cat = Catalog.load(path)
+    _, ranges, shapes = MODELS[name]
+    cat = Catalog.load(_model_path(name))
     feeds = generate_inputs(cat, ranges, shapes)[0]
     switch, flags = build_switch_model(cat)
     return cat, feeds, switch, flags
