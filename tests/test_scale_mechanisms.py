@@ -613,6 +613,38 @@ def test_block_variants_are_bounded_per_block_and_apart_from_node_sessions(monke
     assert all(be.executor._sessions.get(k) is s for k, s in blocks.items())
 
 
+def test_sessions_copies_of_conv_weights_are_bounded_and_evaluations_unchanged():
+    """ORT keeps its own copy of a Conv weight in each session (NCHWc layout): cached block variants are kept
+    within `copies_budget` of such copies (two copies of the model's Conv weights by default), and every output
+    is what an unbounded executor computes."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import emulate_speed
+
+    model, _ = emulate_speed.build_model(4, 16, 64)  # 144 KB Conv weights each
+    cat = Catalog.from_model(model)
+    x = {"x": np.random.default_rng(9).uniform(0, 1, (1, 3, 16, 16)).astype(np.float32)}
+    plans = _plans(cat, 8, seed=3)
+    free = EmulateBackend(block_size=4)
+    free.open(cat)
+    conv = sum(free.executor.weights[n.input[1]].nbytes for n in cat.model.graph.node if n.op_type == "Conv")
+    assert free.executor.copies_budget == max(free.executor.copies_budget, 2 * conv)  # two copies by default
+    free.executor.copies_budget = 1 << 40
+    expected = [free.run(p, x) for p in plans]
+    held_free = free.executor._copies_held
+    bounded = EmulateBackend(block_size=4)
+    bounded.open(cat)
+    bounded.executor.copies_budget = 300 << 10  # about two sessions' worth
+    for p, e in zip(plans, expected):
+        got = bounded.run(p, x)
+        for k in e:
+            np.testing.assert_array_equal(got[k], e[k])
+        ex = bounded.executor
+        assert ex._copies_held <= max(ex.copies_budget, max(
+            (getattr(s, "_bisector_copies", 0) for s in ex._sessions.values()), default=0))
+        assert ex._copies_held == sum(getattr(s, "_bisector_copies", 0) for s in ex._sessions.values())
+    assert held_free > bounded.executor.copies_budget  # unbounded, the variants held more copies than that
+
+
 def _elementwise_model(seed: int, nodes: int = 40, width: int = 16):
     """Random DAG of Add/Sub/Mul/Div/Neg/Abs/Identity on [2, width] tensors: broadcast [width] and scalar
     weights, values past FP16's range, zeros to divide by, negative zeros."""

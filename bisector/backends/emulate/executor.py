@@ -79,6 +79,13 @@ class NodeExecutor:
         self.max_sessions = max(MAX_SESSIONS, SESSIONS_PER_BLOCK * len(self.blocks),
                                 int(SESSIONS_WEIGHT_SHARE * weight_bytes) // SESSION_BYTES)
         self._converted_held = 0  # bytes of converted weights the cached sessions hold (shared ones counted per session)
+        # ORT copies a constant weight into each session that reads it (a Conv's NCHWc layout: a variant of a block
+        # with 4.5 MB of Conv weights held 4.7 MB), so cached variants hold a copy each: kept within two copies of
+        # the model's constant weights (plain inference holds one), at least COPIES_BUDGET_MIN.
+        self._copies_held = 0
+        constant = {t for n in catalog.model.graph.node if n.op_type in _CONSTANT_WEIGHT_OPS for t in n.input}
+        self.copies_budget = max(COPIES_BUDGET_MIN, 2 * sum(
+            int(np.asarray(v).nbytes) for t, v in self.weights.items() if t in constant))
         self._recent_converted: OrderedDict[str, np.ndarray] = OrderedDict()  # `_keep_converted`
         self._recent_bytes = 0
         self._specs: dict[tuple, tuple] = {}
@@ -373,6 +380,7 @@ class NodeExecutor:
         sess._bisector_fed = fed  # type: ignore[attr-defined]  # weights fed on every run (`_run`)
         sess._bisector_converted = sum(int(np.asarray(v).nbytes) for t, v in weights.items()  # type: ignore[attr-defined]
                                        if v is not self.weights.get(t))
+        sess._bisector_copies = sum(int(v.nbytes) for v in shared.values())  # type: ignore[attr-defined]  # ORT's own
         self.sessions_built += 1
         self.build_seconds += time.perf_counter() - t0
         if not pooled and not small and self._opts.intra_op_num_threads > 1:
@@ -419,12 +427,15 @@ class NodeExecutor:
         limit = self.max_sessions if cache is self._sessions else self.max_node_sessions
         cache[key] = sess
         self._converted_held += getattr(sess, "_bisector_converted", 0)
-        while len(cache) > 1 and (len(cache) > limit or self._converted_held > self.converted_budget):
+        self._copies_held += getattr(sess, "_bisector_copies", 0)
+        while len(cache) > 1 and (len(cache) > limit or self._converted_held > self.converted_budget
+                                  or self._copies_held > self.copies_budget):
             try:
                 _, old = cache.popitem(last=False)
             except KeyError:
                 break
             self._converted_held -= getattr(old, "_bisector_converted", 0)
+            self._copies_held -= getattr(old, "_bisector_copies", 0)
         if len(self._specs) > 8 * self.max_sessions:
             self._specs.clear()
         return sess
@@ -521,6 +532,7 @@ _SMALL_TENSOR_BYTES = 64 * 1024  # sessions whose inputs and weights are all thi
 _SMALL_WEIGHT_BYTES = 1 << 20
 POOL_FROM_SECONDS = 1e-3  # a session whose first run takes this long on one thread gets an intra-op pool
 CONVERTED_BUDGET_MIN = 256 << 20  # converted weights cached sessions may hold: this, or a quarter of the weights
+COPIES_BUDGET_MIN = 32 << 20  # ORT's copies of constant (Conv) weights cached sessions may hold, at least
 _ARENA: list[bool] = []  # [registered?], once per process
 
 
