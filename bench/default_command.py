@@ -145,15 +145,8 @@ def registry_cases() -> list[tuple]:
         path = reg.fetch(name)
         if path is None:
             continue
-        flags = list(reg.MODELS[name].input_flags)
-        ranges = {}
-        if "--val-range" in flags:  # the model's own value range (magika: byte ids)
-            k, lo_hi = flags[flags.index("--val-range") + 1].split(":", 1)
-            lo, hi = lo_hi.strip("[]").split(",")
-            ranges[k] = (float(lo), float(hi))
-        if shapes is None:
-            shapes = {k: tuple(int(d) for d in v.strip("[]").split(","))
-                      for k, v in (flags[i + 1].split(":", 1) for i, f in enumerate(flags) if f == "--input-shapes")}
+        ranges = dict(reg.MODELS[name].ranges)  # the model's own value range (magika: byte ids)
+        shapes = shapes or dict(reg.MODELS[name].shapes)
         out.append((f"registry {name} {size}", path, tol, ranges, shapes))
     return out
 

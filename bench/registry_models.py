@@ -25,33 +25,44 @@ class RegistryModel:
     wheel: str  # pip requirement, pinned
     member: str  # the model's path inside the wheel
     sha256: str
-    input_flags: tuple[str, ...] = ()  # bisector flags for its inputs (shapes, value ranges)
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # input shapes the benchmarks feed
     about: str = ""
-    extra: dict = field(default_factory=dict)
+    ranges: dict[str, tuple[float, float]] = field(default_factory=dict)  # input value ranges (else bisector's)
+
+    @property
+    def input_flags(self) -> tuple[str, ...]:
+        """bisector flags for its inputs."""
+        flags: list[str] = []
+        for k, v in self.shapes.items():
+            flags += ["--input-shapes", f"{k}:[{','.join(map(str, v))}]"]
+        for k, (lo, hi) in self.ranges.items():
+            flags += ["--val-range", f"{k}:[{lo:g},{hi:g}]"]
+        return tuple(flags)
 
 
 MODELS = {m.name: m for m in (
     RegistryModel("ppocr-det", "rapidocr-onnxruntime==1.4.4", "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
                   "d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9",
-                  ("--input-shapes", "x:[1,3,320,640]"),
+                  {"x": (1, 3, 320, 640)},
                   "PP-OCRv4 text detector (DBNet-style, 672 nodes, 4.7 MB): the OCR detector issue 14 measured"),
     RegistryModel("ppocr-rec", "rapidocr-onnxruntime==1.4.4", "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
                   "48fc40f24f6d2a207a2b1091d3437eb3cc3eb6b676dc3ef9c37384005483683b",
-                  ("--input-shapes", "x:[1,3,48,320]"),
+                  {"x": (1, 3, 48, 320)},
                   "PP-OCRv4 text recogniser (CNN + SVTR attention, 860 nodes, 11 MB)"),
     RegistryModel("ppocr-cls", "rapidocr-onnxruntime==1.4.4",
                   "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
                   "e47acedf663230f8863ff1ab0e64dd2d82b838fceb5957146dab185a89d6215c",
-                  ("--input-shapes", "x:[1,3,48,192]"),
+                  {"x": (1, 3, 48, 192)},
                   "PP-OCR text-direction classifier (MobileNetV3, 566 nodes, 0.6 MB)"),
     RegistryModel("yolov8n", "nudenet==3.4.2", "nudenet/320n.onnx",
                   "c15d8273adad2d0a92f014cc69ab2d6c311a06777a55545f2c4eb46f51911f0f",
-                  ("--input-shapes", "images:[1,3,320,320]"),
+                  {"images": (1, 3, 320, 320)},
                   "YOLOv8n detector (NudeNet's 320n, 323 nodes, 12 MB)"),
     RegistryModel("magika", "magika==1.0.3", "magika/models/standard_v3_3/model.onnx",
                   "fe2d2eb49c5f88a9e0a6c048e15d6ffdf86235519c2afc535044de433169ec8c",
-                  ("--input-shapes", "bytes:[1,2048]", "--val-range", "bytes:[0,256]"),
-                  "Magika file-type classifier (int32 byte ids -> embedding -> dense, 95 nodes, 3 MB)"),
+                  {"bytes": (1, 2048)},
+                  "Magika file-type classifier (int32 byte ids -> embedding -> dense, 95 nodes, 3 MB)",
+                  {"bytes": (0, 256)}),
 )}
 
 
