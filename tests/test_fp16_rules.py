@@ -67,3 +67,20 @@ def test_numpy_fallback_when_ort_cannot_cast(monkeypatch):
     assert np.array_equal(rules.weight_rule(a).view(np.uint16), _definition(a).view(np.uint16))
     assert np.array_equal(fastcast.round_half(a), a.astype(np.float16).astype(np.float32))
 
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_weight_rule_checks_in_slices_at_every_boundary(order, cast_path, monkeypatch):
+    """The range and underflow checks run over the converted bits in slices (rules.CHECK_SLICE): values that must
+    be lifted or send the weight to the slow path are found in any slice, at its edges too, whatever the layout."""
+    monkeypatch.setattr(rules, "CHECK_SLICE", 7)
+    base = RNG.standard_normal((9, 13)).astype(np.float32)
+    for at in (0, 6, 7, 8, 13, 63, 116):
+        for edge in (2.0**-26, -(2.0**-25), 70000.0, np.nan, -np.inf, 0.0):
+            a = np.array(base, order=order)
+            a.flat[at] = edge
+            a.flat[(at * 5 + 3) % a.size] = -3e-8  # a second lift elsewhere
+            want = _definition(a)
+            assert np.array_equal(rules.weight_rule(a).view(np.uint16), want.view(np.uint16)), (at, edge)
+            assert np.array_equal(rules.round_weight(a).view(np.uint32),
+                                  want.astype(np.float32).view(np.uint32)), (at, edge)
