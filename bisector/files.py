@@ -85,7 +85,11 @@ def write_file_atomic(path: Path, fill: Callable[[BinaryIO], None]) -> None:
         os.fchmod(fd, _mode())
         with os.fdopen(fd, "wb") as f:
             fd = None
-            fill(_Sink(f, path))
+            sink = _Sink(f, path)
+            try:
+                fill(sink)
+            finally:
+                sink.close()
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)  # replaces a symlink at `path` itself, never its target
@@ -161,15 +165,63 @@ def remove_file(path: Path) -> None:
         raise UsageError(f"cannot replace {path}: {exc.strerror or exc}") from None
 
 
+# A large file's pages go to the disk while the rest is written (`_FlushBehind`), so that the final fsync waits for
+# the tail only: on a 1.27 GB model the mixed model's 0.68 GB of FP16 weights waited 0.36 s in fsync after ~1 s of
+# CPU-bound converting and writing.
+FLUSH_BEHIND_BYTES = 64 << 20
+
+
+class _FlushBehind:
+    """A thread that runs fdatasync on the temporary file whenever `kick`ed (at most one at a time; kicks while
+    one runs fold into one). Errors are left to the final fsync, which reports them."""
+
+    def __init__(self, fd: int):
+        self._fd, self._wake, self._stop, self._thread = fd, threading.Event(), False, None
+
+    def kick(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="bisector-flush-behind", daemon=True)
+            self._thread.start()
+        self._wake.set()
+
+    def _loop(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            if self._stop:
+                return
+            try:
+                os.fdatasync(self._fd)
+            except OSError:
+                return
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._stop = True
+            self._wake.set()
+            self._thread.join()
+
+
 class _Sink:
     """The temporary file as `fill` sees it: every write goes through `_write` (one place to fail in tests)."""
 
     def __init__(self, f: BinaryIO, path: Path):
         self._f, self.path = f, path
+        self._unflushed = 0
+        self._behind = _FlushBehind(f.fileno())
 
     def write(self, data) -> int:
         _write(self._f, data, self.path)
+        n = len(data) if not isinstance(data, memoryview) else data.nbytes
+        self._unflushed += n
+        if self._unflushed >= FLUSH_BEHIND_BYTES:
+            self._unflushed = 0
+            self._f.flush()  # what the buffer holds goes to the kernel first
+            self._behind.kick()
         return len(data)
+
+    def close(self) -> None:
+        self._behind.close()
 
     def flush(self) -> None:
         self._f.flush()

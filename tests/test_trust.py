@@ -349,3 +349,47 @@ def test_a_read_only_or_full_journal_is_not_called_damaged(tmp_path):
         with pytest.raises(UsageError) as info:
             j.record(plan, Verdict(plan.fp32, True, {}, 0))
         assert fragment in str(info.value) and isinstance(info.value, JournalCorrupt) is corrupt
+
+
+def test_large_files_go_to_disk_while_written_and_come_out_whole(tmp_path, monkeypatch):
+    """`write_file_atomic` pushes a large file's pages to the disk while the rest is written (fdatasync on a
+    thread every FLUSH_BEHIND_BYTES), so the final fsync waits for the tail only; the file is byte for byte what
+    was written, and a write that fails part way still leaves nothing behind."""
+    from bisector import files
+
+    monkeypatch.setattr(files, "FLUSH_BEHIND_BYTES", 1000)
+    synced_while_filling: list[int] = []
+    real = os.fdatasync
+    filling = {"on": False}
+
+    def fdatasync(fd):
+        if filling["on"]:
+            synced_while_filling.append(os.fstat(fd).st_size)
+        return real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    chunks = [bytes([i]) * 700 for i in range(20)] + [memoryview(np.arange(900, dtype=np.float32).view(np.uint8))]
+
+    def fill(f):
+        filling["on"] = True
+        for c in chunks:
+            f.write(c)
+        import time
+
+        deadline = time.monotonic() + 10  # the flusher thread gets its turn before the fill returns
+        while not synced_while_filling and time.monotonic() < deadline:
+            time.sleep(0.01)
+        filling["on"] = False
+
+    target = tmp_path / "big.bin"
+    files.write_file_atomic(target, fill)
+    assert target.read_bytes() == b"".join(bytes(c) for c in chunks)
+    assert synced_while_filling and min(synced_while_filling) >= 1000  # flushed while it was written
+
+    def failing(f):
+        f.write(b"x" * 5000)
+        raise OSError(errno.ENOSPC, "full")
+
+    with pytest.raises(Exception, match="disk is full"):
+        files.write_file_atomic(tmp_path / "other.bin", failing)
+    assert not (tmp_path / "other.bin").exists() and not list(tmp_path.glob(".*.tmp"))
