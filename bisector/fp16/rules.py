@@ -43,10 +43,8 @@ def round_weight(a: np.ndarray) -> np.ndarray:
         # clamp's value), except for nonzero values it sent to ±0, lifted to ±2^-24 (values in (2^-25, 2^-24)
         # round to 2^-24 already, what the lift gives). Real weights have a few such values per million. Bit for
         # bit the definition below (tests/test_fp16_rules.py), ~10x faster than numpy's float16 conversion.
-        r = fastcast.round_half(a)
-        zeros = _zeros_when_finite(r, np.uint32(0x7FFFFFFF), np.uint32(0x7F800000))
-        if zeros is not None:
-            _lift(r, a, zeros)
+        r = _fast_path(a, fastcast.round_half, np.uint32(0x7FFFFFFF), np.uint32(0x7F800000))
+        if r is not None:
             return r
     finite = np.isfinite(a)
     clamped = np.where(finite, np.clip(a, -FP16_MAX, FP16_MAX), a)
@@ -64,10 +62,8 @@ def weight_rule(a: np.ndarray) -> np.ndarray:
     if a.size:
         # The same fast path as round_weight's, one conversion instead of three (FP32 -> FP16 -> FP32 -> FP16):
         # writing a mixed model converts every FP16 weight.
-        h = fastcast.to_half(a)
-        zeros = _zeros_when_finite(h, np.uint16(0x7FFF), np.uint16(0x7C00))
-        if zeros is not None:
-            _lift(h, a, zeros)
+        h = _fast_path(a, fastcast.to_half, np.uint16(0x7FFF), np.uint16(0x7C00))
+        if h is not None:
             return h
     return fastcast.to_half(round_weight(a))
 
@@ -78,6 +74,17 @@ _BUILT_IN_ROUND_WEIGHT = round_weight
 # The checks on a converted weight run over its bits in slices that stay in the CPU's cache: on a whole 100 MB
 # weight, the masked copy alone (50-100 MB of fresh pages) cost more than ORT's Cast (weight_rule 73 -> ~20 ms).
 CHECK_SLICE = 1 << 18
+
+
+def _fast_path(a: np.ndarray, convert, magnitude: np.generic, inf_bits: np.generic) -> np.ndarray | None:
+    """`convert(a)` (plain rounding) with nonzero values it sent to ±0 lifted; None where the rule needs its slow
+    path (the conversion gave an inf or NaN)."""
+    out = convert(a)
+    zeros = _zeros_when_finite(out, magnitude, inf_bits)
+    if zeros is None:
+        return None
+    _lift(out, a, zeros)
+    return out
 
 
 def _zeros_when_finite(converted: np.ndarray, magnitude: np.generic, inf_bits: np.generic) -> np.ndarray | None:
