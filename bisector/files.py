@@ -191,7 +191,7 @@ class _FlushBehind:
             if self._stop:
                 return
             try:
-                os.fdatasync(self._fd)
+                getattr(os, "fdatasync", os.fsync)(self._fd)  # macOS has fsync only
             except OSError:
                 return
 
