@@ -7,6 +7,8 @@ zeros get Polygraphy's epsilon 2.22e-16. elemwise: an element fails only if absd
 
 from __future__ import annotations
 
+import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -35,6 +37,30 @@ def summary(a: np.ndarray) -> dict[str, float]:
         return {"min": 0.0, "max": 0.0, "mean": 0.0, "median": 0.0}
     with np.errstate(all="ignore"):
         return {"min": float(np.min(a)), "max": float(np.max(a)), "mean": float(np.mean(a)), "median": float(np.median(a))}
+
+
+# A golden output's summary is the same for every plan compared with it: kept per array while the array lives
+# (its median alone was a quarter of each comparison: 13 of 105 ms on a 960 x 1920 detector map).
+_GOLDEN_SUMMARIES: dict[int, dict[str, float]] = {}
+_GOLDEN_LOCK = threading.Lock()
+
+
+def _golden_summary(g: np.ndarray) -> dict[str, float]:
+    key = id(g)
+    hit = _GOLDEN_SUMMARIES.get(key)
+    if hit is not None:
+        return dict(hit)
+    out = summary(g)
+    if g.flags.writeable:  # an array that may change under us is summarised each time
+        return out
+    with _GOLDEN_LOCK:
+        if key not in _GOLDEN_SUMMARIES:
+            try:
+                weakref.finalize(g, _GOLDEN_SUMMARIES.pop, key, None)  # the entry dies with the array
+            except TypeError:
+                return out
+            _GOLDEN_SUMMARIES[key] = out
+    return dict(out)
 
 
 @dataclass
@@ -125,7 +151,7 @@ def compare_output(name: str, actual: np.ndarray, golden: np.ndarray, tol: Toler
         req_abs, req_rel = float("nan"), float("nan")  # no finite tolerance passes a NaN/inf-vs-finite mismatch
     return OutputComparison(
         name, bool(passed), stat, atol, rtol, float(req_abs), float(req_rel), abs_s, rel_s,
-        summary(_up(actual)), summary(g), mismatches, int(absdiff.size), excess=excess, margin=m,
+        summary(_up(actual)), _golden_summary(g), mismatches, int(absdiff.size), excess=excess, margin=m,
         absdiff=absdiff if keep_diff else None,
     )
 

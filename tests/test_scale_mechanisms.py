@@ -716,3 +716,39 @@ def test_elementwise_blocks_in_numpy_are_the_sessions_bits(monkeypatch, storage)
         whole = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
         for k, v in zip(cat.output_names, whole.run(cat.output_names, x)):
             same(results["numpy"][0][k], v)
+
+
+def test_a_golden_outputs_summary_is_computed_once_while_it_lives(monkeypatch):
+    """The comparator summarises a golden output (min/max/mean/median: its median alone a quarter of a comparison)
+    once per array, not per plan: golden arrays are read-only (Golden makes them so), the kept summary is the one
+    it would compute, and it goes with the array. A writeable array is summarised each time."""
+    import gc
+
+    from bisector import compare
+    from bisector.model.golden import Golden
+
+    calls = []
+    real = compare.summary
+    monkeypatch.setattr(compare, "summary", lambda a: calls.append(a) or real(a))
+    rng = np.random.default_rng(3)
+    g = rng.standard_normal((4, 1000)).astype(np.float32)
+    golden = Golden([{"y": g}], "computed", 1, 0.0)
+    assert not g.flags.writeable  # reference data cannot change under a search
+    tol = compare.Tolerance()
+    before = len(compare._GOLDEN_SUMMARIES)
+    first = compare.compare_output("y", g + np.float32(1e-3), g, tol)
+    n_first = len(calls)
+    second = compare.compare_output("y", g * np.float32(1.001), g, tol)
+    assert n_first == 4 and len(calls) == 7  # abs, rel and actual again; not the golden
+    assert first.golden == second.golden == real(g)
+    assert len(compare._GOLDEN_SUMMARIES) == before + 1
+    calls.clear()  # it held the arrays
+    del golden, g, first, second
+    gc.collect()
+    assert len(compare._GOLDEN_SUMMARIES) == before  # gone with the array
+
+    w = rng.standard_normal(100).astype(np.float32)
+    calls.clear()
+    compare.compare_output("y", w, w, tol)
+    compare.compare_output("y", w, w, tol)
+    assert len(calls) == 8

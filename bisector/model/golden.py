@@ -39,6 +39,14 @@ class Golden:
     path: Path | None = None
     runner: str | None = None  # the runner of a --load-outputs file that made these outputs
 
+    def __post_init__(self) -> None:
+        # Reference data: read-only, so nothing can change it under a search (and the comparator may keep a
+        # golden array's summary for as long as the array lives)
+        for feeds in self.outputs:
+            for a in feeds.values():
+                if isinstance(a, np.ndarray):
+                    a.flags.writeable = False
+
 
 def default_cache_dir() -> Path:
     import platformdirs
