@@ -57,6 +57,9 @@ def run_on_oracle(
     excess = getattr(passes, "excess", None)
     if USE_EXCESS and callable(excess) and "excess" not in hints:
         hints = {**hints, "excess": excess}  # what the driver offers: error / tolerance of a set already asked
+    predicted = getattr(passes, "predicted_ranking", None)
+    if callable(predicted) and "predicted_ranking" not in hints:
+        hints = {**hints, "predicted_ranking": predicted}  # as the driver offers it on emulate
     for name in strategies:
         oracle = CountingOracle(passes)
         t0 = time.perf_counter()
@@ -207,6 +210,11 @@ def _diffuse_table(cases: list[tuple[str, Sequence[str], Callable, int | None]],
             size, ev = len(r["result"]), r["evaluations"]
             print(f"| {label} | {opt if opt is not None else '?'} | {s} | {size} | {size / max(smallest, 1):.2f} | {ev} | "
                   f"{ev / gt_evals:.2f} | {r['seconds']:.2f} | {bool(r['passes']) and bool(r['one_minimal'])} |")
+        for st in getattr(f, "prediction_stats", []):
+            print(f"| {label} | | (predicted ranking: {st.get('runs', 0)} single-node emulator runs, "
+                  f"{st.get('seconds', 0.0):.1f} s, predicted prefix {st.get('predicted_prefix')}) | | | | | | |")
+        if hasattr(f, "prediction_stats"):
+            f.prediction_stats.clear()
         size_ratios.append(len(res["auto"]["result"]) / max(smallest, 1))
         eval_ratios.append(res["auto"]["evaluations"] / gt_evals)
         if "auto+" in res:
@@ -398,7 +406,10 @@ def _text_image(path: Path, h: int = 320, w: int = 640, seed: int = 0) -> Path |
 
 
 def _with_excess(oracle):
-    """`oracle.passes` carrying the driver's `excess` hint (error / tolerance of a set it has judged)."""
+    """`oracle.passes` carrying the driver's `excess` and `predicted_ranking` hints (the latter records its
+    single-node emulator runs and seconds in `passes.prediction_stats`, one dict per call)."""
+    from bisector.search.vector_ranking import predicted_ranking
+
     def passes(s: frozenset[str]) -> bool:
         return oracle.passes(s)
 
@@ -406,7 +417,14 @@ def _with_excess(oracle):
         v = oracle.verdicts.get(frozenset(s))
         return None if v is None else v.excess
 
+    def predicted(first=(), excess=None):
+        stats: dict = {}
+        passes.prediction_stats.append(stats)  # type: ignore[attr-defined]
+        return predicted_ranking(oracle, list(first), excess, stats=stats)
+
     passes.excess = excess  # type: ignore[attr-defined]
+    passes.predicted_ranking = predicted  # type: ignore[attr-defined]
+    passes.prediction_stats = []  # type: ignore[attr-defined]
     return passes
 
 
@@ -449,11 +467,15 @@ def large_diffuse() -> None:
                 strategy = load_strategies()[name.rstrip("+")](**opts)
                 t0 = time.perf_counter()
                 result = strategy.search(list(oracle.candidates), counting, progress=progress,
+                                         predicted_ranking=f.predicted_ranking,
                                          **({"excess": f.excess} if USE_EXCESS else {}))
                 seconds = time.perf_counter() - t0
                 verify = counting.distinct - phases.get("verify", counting.distinct)
                 ok = bool(f(result)) and is_one_minimal(f, result)
                 rows.append((name, len(result), counting.distinct, verify, seconds, ok))
+                for st in f.prediction_stats:
+                    print(f"({label}, {name}: predicted ranking {st.get('runs', 0)} single-node emulator runs, "
+                          f"{st.get('seconds', 0.0):.1f} s, predicted prefix {st.get('predicted_prefix')})", flush=True)
                 job.close()
             gt_evals = rows[-1][2]
             for name, size, evals, verify, seconds, ok in rows:

@@ -24,7 +24,15 @@ A strategy is a class constructible with no arguments (options are keyword argum
   strategy may then prefer a cheaper FP32 set over a smaller one (``auto`` does where that is cheap to do);
 - ``excess``: Callable[[frozenset[str]], float | None], how far a set already asked passed or failed: its worst
   output's error in units of the tolerance (above the margin, 1 by default: fails), or None for a set not judged
-  yet — asking never costs an evaluation. ``Auto(nearest_miss=True)`` orders its 1-minimality retries by it.
+  yet — asking never costs an evaluation. ``Auto(nearest_miss=True)`` orders its 1-minimality retries by it;
+- ``predicted_ranking``: Callable[[Sequence[str], object], list[str] | None], called as
+  ``predicted_ranking(first, excess)``: every candidate, ``first`` first, then the rest in the order in which a
+  model of the FP16 error says they should go FP32 (most needed first), calibrated so that the model's error of the
+  plan keeping ``first`` FP32 equals ``excess`` (None: uncalibrated; or a callable returning it, called only when
+  the ranking can be computed, so an evaluation spent on it is never wasted); None where it cannot be had. The driver
+  offers it on the emulate backend with elementwise checks (bisector/search/vector_ranking.py: one emulator run
+  per candidate alone in FP16, not evaluations, but not free: call it only when the ranking is needed). ``auto``
+  calls it once, when its search turns diffuse.
 
 Nothing here imports ONNX: strategies only see names.
 """

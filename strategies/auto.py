@@ -19,7 +19,11 @@ each. When more than ``diffuse_after`` culprits have turned up (and there are at
 candidates: below 64 the ranked search's fixed cost does not pay, ``gt`` goes on), ``auto`` switches:
 
 1. rank the candidates: the culprits found so far first (in discovery order: found against a larger slack means
-   heavier), then by the ``scores`` hint when given, else by a first-order estimate from ``probes`` random
+   heavier), then by the ``scores`` hint when given, else by the ``predicted_ranking`` hint when offered (the
+   driver does on the emulate backend with elementwise checks: each candidate's own output error, from one
+   emulator run per candidate, added as independent noise per output element and calibrated by the real excess
+   of all-FP16 — one evaluation; bisector/search/vector_ranking.py, docs/benchmarks.md "Issue 15, seventh
+   round"), else by a first-order estimate from ``probes`` random
    tests of the search's own (FP32 set = culprits ∪ a random part of the rest, the part's size steered so
    about half pass; a node's estimate is the pass rate of the probes that kept it FP32 minus of those that did
    not). With the ``costs`` hint the order is by estimate per cost (the threshold then prefers cheap nodes).
@@ -57,6 +61,8 @@ from __future__ import annotations
 import math
 import random
 from typing import Callable, Mapping, Sequence
+
+from bisector.budget import BudgetExhausted
 
 from ._util import Asker, greedy_reduce, group_reduce, one_minimal, one_minimal_cyclic, repair
 from .gt import GroupTesting, _AllFail, _log_comb
@@ -104,7 +110,9 @@ class Auto(GroupTesting):
     with gt's sets); ``early_fallback`` — after this many probes (when fewer than all), ask the
     ``fallback_prefix`` share of the ranking so far and fall back to ``gt`` when it fails (0: never; the default 8
     since docs/benchmarks.md, "Issue 15, sixth round": on real models and generated transformers every set the
-    same, 8–56 evaluations fewer where the search falls back, one more where it does not).
+    same, 8–56 evaluations fewer where the search falls back, one more where it does not); ``use_prediction`` —
+    rank by the ``predicted_ranking`` hint when it is offered, instead of probing (default True since
+    docs/benchmarks.md, "Issue 15, seventh round"; the hint is asked only when the search turns diffuse).
     """
 
     name = "auto"
@@ -128,6 +136,7 @@ class Auto(GroupTesting):
         fallback_prefix: float = 0.75,
         group_removals: bool = True,
         early_fallback: int = 8,
+        use_prediction: bool = True,
     ) -> None:
         super().__init__(prior_decay, use_scores, power_of_two, smart_split, prior_power)
         self.diffuse_after = diffuse_after
@@ -142,6 +151,7 @@ class Auto(GroupTesting):
         self.fallback_prefix = fallback_prefix
         self.group_removals = group_removals
         self.early_fallback = early_fallback
+        self.use_prediction = use_prediction
 
     # ------------------------------------------------------------------ search
     def search(
@@ -444,6 +454,8 @@ class Auto(GroupTesting):
 
             return list(found) + sorted((x for x in cands if x not in head), key=key)
 
+        if scores is None and self.use_prediction:
+            scores = self._predicted(ask, cands, found, hints)
         if scores is None:
             ask.phase = "probe"
             check = None
@@ -511,6 +523,37 @@ class Auto(GroupTesting):
             result = greedy_reduce(ask, prefix, removal)
         result = self._swap(ask, result, rank, costs)
         return result
+
+    def _predicted(self, ask: Asker, cands: list[str], found: list[str],
+                   hints: Mapping[str, object]) -> dict[str, float] | None:
+        """Scores from the ``predicted_ranking`` hint (the driver's: each candidate's own output error, emulator
+        runs, bisector/search/vector_ranking.py), ranked from all-FP16 and calibrated by its real excess (one
+        evaluation, asked by the hint only when it can rank; with the ``excess`` hint only). The culprits found
+        so far still go first (``ranking``). Ranking from the found culprits kept FP32 and calibrating on that
+        plan instead was measured worse on one registry case (ppocr-rec 2e-3: 59 nodes / 446 evaluations against
+        47 / 242), the same on another. None: not offered, failed, or not a ranking of the candidates."""
+        hint = hints.get("predicted_ranking")
+        if not callable(hint):
+            return None
+
+        def excess() -> float | None:  # asked by the hint only when it can rank (one evaluation)
+            ask.phase = "predict"
+            ask(frozenset())
+            return ask.excess(frozenset())
+
+        try:
+            rank = hint((), excess if ask.has_excess else None)
+        except BudgetExhausted:
+            raise
+        except Exception:  # noqa: BLE001 - a hint, never a reason to fail the search
+            return None
+        if rank is None:
+            return None
+        rank = list(rank)
+        if len(rank) != len(cands) or set(rank) != set(cands):
+            return None
+        n = len(rank)
+        return {x: float(n - i) for i, x in enumerate(rank)}
 
     def _probe_count(self, n: int, scores: object) -> int:
         if scores is not None:

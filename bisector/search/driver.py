@@ -91,6 +91,9 @@ def run_search(
     all_hints.setdefault("workers", oracle.workers)
     # How far an asked set passed or failed (error / tolerance): strategies may order their next questions by it
     all_hints.setdefault("excess", lambda fp32: _known_excess(oracle, fp32))
+    # A ranking predicted from each candidate's own output error (emulator runs, no evaluations), computed only
+    # when a strategy asks (auto: when its search turns diffuse); None where the backend cannot provide it
+    all_hints.setdefault("predicted_ranking", lambda first=(), excess=None: _predicted_ranking(oracle, first, excess))
     try:
         if start is None:
             answer = frozenset(strategy.search(candidates, oracle.passes, **all_hints))
@@ -140,6 +143,12 @@ def _known_excess(oracle: Oracle, fp32) -> float | None:
     return None if verdict is None else verdict.excess
 
 
+def _predicted_ranking(oracle: Oracle, first, excess) -> list[str] | None:
+    from bisector.search.vector_ranking import predicted_ranking
+
+    return predicted_ranking(oracle, list(first), excess)
+
+
 def _search_from(strategy, start: frozenset[str], candidates, oracle: Oracle, hints: dict) -> frozenset[str]:
     """Confirm and extend (DESIGN §4a: a CPU-found set checked on a real backend).
 
@@ -149,6 +158,8 @@ def _search_from(strategy, start: frozenset[str], candidates, oracle: Oracle, hi
     where a search from scratch costs dozens (each one an engine build on TensorRT)."""
     def within(fp32: frozenset[str]) -> list[str]:
         return [n for n in candidates if n in fp32]
+
+    hints = {k: v for k, v in hints.items() if k != "predicted_ranking"}  # it ranks all candidates, not a subset
 
     if not oracle.passes(start):
         rest = [n for n in candidates if n not in start]

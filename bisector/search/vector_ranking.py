@@ -1,0 +1,144 @@
+"""A predicted ranking for ``auto``'s diffuse search, from the output error of each candidate alone in FP16.
+
+Issue 15, seventh round (docs/benchmarks.md). For every candidate ``i`` the backend runs the plan "only ``i`` in
+FP16" and keeps ``z_i`` = (output − golden) / threshold per output element (all float outputs, all input sets),
+where threshold = max(atol, rtol·|golden|)·margin: an element passes the elementwise check iff |z| ≤ 1
+(bisector.compare). These are emulator runs (the forward cone of one node each), not oracle evaluations.
+
+Model: the errors of the FP16 nodes add up like independent noise — per element, the error of a plan with FP16
+set F is about c·sqrt(Σ_{i∈F} z_i²) — calibrated by one real verdict (``c`` = real excess / predicted excess of
+the plan the search starts from). Measured on the registry models, this root-sum-square model ranked better
+than signed superposition Σ z_i (rounding errors do not cancel the same way in combination as alone) and better
+than a model by tensor-rounding units (each rounded tensor counted once).
+
+Ranking: the nodes in ``first`` stay FP32; from the rest all FP16, move to FP32 one at a time the node whose
+removal most reduces the predicted violation Σ_elements relu(pred − 1); once the prediction passes, the node
+that most reduces Σ pred². Only the ``top`` elements with the largest Σ_i z_i² are kept (two passes over the
+candidates when all of them would not fit ``max_floats``).
+
+Only for the emulate backend, elementwise checks and outputs of at least ``MIN_ELEMENTS`` float elements (None
+otherwise: the caller ranks another way).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from bisector.compare import EPSILON
+from bisector.fp16.plan import Plan
+
+
+# Fewer float output elements (all outputs, all input sets) than this: no ranking. With one or two output numbers
+# (the exported encoder: 2; ppocr-cls: 2) a per-element model is a scalar sensitivity ranking; measured there
+# (docs/benchmarks.md, "Issue 15, seventh round") it gave fewer evaluations but larger sets than the probes.
+MIN_ELEMENTS = 1024
+
+
+def predicted_ranking(oracle: Any, first: Sequence[str] = (), excess: Any = None, *, top: int = 4096,
+                      max_floats: int = 32_000_000, min_elements: int | None = None,
+                      stats: dict | None = None) -> list[str] | None:
+    """All candidates of ``oracle``, ``first`` first, then by the greedy order above; None where not supported.
+
+    ``excess``: the real excess (error / tolerance) of the plan keeping ``first`` FP32, for the calibration
+    (None: no calibration), or a callable returning it, called only when the ranking can be computed (so a
+    caller that must spend an evaluation on it spends nothing where the answer is None). ``stats`` (optional) receives ``runs`` (single-node emulator runs), ``seconds`` and
+    ``predicted_prefix`` (how many nodes the model says must be FP32)."""
+    backend = getattr(oracle, "backend", None)
+    if getattr(backend, "name", None) != "emulate" or not callable(getattr(backend, "run", None)):
+        return None
+    t0 = time.perf_counter()
+    cands = list(oracle.candidates)
+    n = len(cands)
+    if n == 0:
+        return []
+    tol = oracle.tolerance
+    checks = []  # (input set, output name, golden flat, threshold flat)
+    for s, gold in enumerate(oracle.golden):
+        for name, g in gold.items():
+            g = np.asarray(g)
+            if not np.issubdtype(g.dtype, np.floating):
+                continue
+            if tol.stat.get(name) != "elemwise":
+                return None  # mean/median/quantile checks: not modelled (measured worse, see the module note)
+            g = g.astype(np.float32).ravel()
+            ge = np.where(g == 0, g + EPSILON, g)
+            thr = np.maximum(tol.atol.get(name), tol.rtol.get(name) * np.abs(ge)) * tol.margin
+            checks.append((s, name, g, np.maximum(thr, np.finfo(np.float32).tiny).astype(np.float32)))
+    if not checks:
+        return None
+    if sum(c[2].size for c in checks) < (MIN_ELEMENTS if min_elements is None else min_elements):
+        return None  # a handful of output numbers: the model is a scalar sensitivity ranking (see MIN_ELEMENTS)
+    if callable(excess):
+        excess = excess()
+    size = sum(c[2].size for c in checks)
+    everything = frozenset(cands)
+    runs = [0]
+
+    def vector(i: int) -> np.ndarray:
+        plan = Plan(everything - {cands[i]}, tuple(cands))
+        parts = []
+        for s, feeds in enumerate(oracle.feeds_list):
+            want = [name for s2, name, _, _ in checks if s2 == s]
+            if not want:
+                continue
+            outs = backend.run(plan, feeds, want)
+            runs[0] += 1
+            for s2, name, g, thr in checks:
+                if s2 == s:
+                    z = (np.asarray(outs[name], np.float32).ravel() - g) / thr
+                    parts.append(np.nan_to_num(z, nan=1e6, posinf=1e6, neginf=-1e6))
+        return np.concatenate(parts)
+
+    k = max(64, min(top, int(4e9 / n**2)))  # the greedy costs about n²·k/2 element operations: ≤ ~2e9
+    if n * size <= max_floats:
+        z = np.stack([vector(i) for i in range(n)])
+        if size > k:
+            z = z[:, np.argsort(-(z.astype(np.float64) ** 2).sum(0))[:k]]
+    else:  # two passes: the elements most at risk first, then only those
+        ss = np.zeros(size, np.float64)
+        for i in range(n):
+            ss += vector(i).astype(np.float64) ** 2
+        keep = np.argsort(-ss)[:k]
+        z = np.stack([vector(i)[keep] for i in range(n)])
+    q = z.astype(np.float64) ** 2
+    start = excess / (tol.margin or 1.0) if isinstance(excess, (int, float)) else None  # units: |z| <= 1 passes
+    order, predicted = _greedy(q, [i for i, x in enumerate(cands) if x in set(first)], start)
+    if stats is not None:
+        stats.update(runs=runs[0], seconds=time.perf_counter() - t0, predicted_prefix=predicted)
+    head = [x for x in first if x in everything]
+    seen = set(head)
+    return head + [cands[i] for i in order if cands[i] not in seen]
+
+
+def _greedy(q: np.ndarray, first: list[int], start: float | None) -> tuple[list[int], int]:
+    """The greedy order on squared normalised errors ``q`` (nodes × elements); ``first`` are FP32 from the start;
+    ``start``: the real excess of that start in units of the margin (scales the model to it), or None."""
+    n = q.shape[0]
+    fp16 = np.ones(n, bool)
+    fp16[first] = False
+    total = q[fp16].sum(0)
+    if start is not None and np.isfinite(start) and start > 0 and total.max() > 0:
+        total_scale = (start / np.sqrt(total.max())) ** 2  # c²: the model's excess of the start = the real one
+    else:
+        total_scale = 1.0
+    q = q * total_scale
+    total = total * total_scale
+    order: list[int] = []
+    predicted = None
+    while fp16.any():
+        idx = np.flatnonzero(fp16)
+        rest = np.sqrt(np.maximum(total[None, :] - q[idx], 0.0))
+        if np.sqrt(total.max()) > 1:
+            value = np.maximum(rest - 1.0, 0.0).sum(1) + 1e-9 * (rest ** 2).sum(1)
+        else:
+            if predicted is None:
+                predicted = len(first) + len(order)
+            value = (rest ** 2).sum(1)
+        j = int(idx[int(np.argmin(value))])
+        fp16[j] = False
+        order.append(j)
+        total = np.maximum(total - q[j], 0.0)
+    return order, predicted if predicted is not None else n

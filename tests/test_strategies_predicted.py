@@ -1,0 +1,191 @@
+"""Issue 15, seventh round: the `predicted_ranking` hint (bisector/search/vector_ranking.py) and auto's use of it."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from strategy_oracles import additive, additive_case, is_one_minimal, monotone, names, random_culprits  # noqa: E402
+
+from bisector.search.vector_ranking import _greedy, predicted_ranking  # noqa: E402
+from bisector.strategies import CountingOracle  # noqa: E402
+from bisector.strategies.auto import Auto  # noqa: E402
+from bisector.strategies.gt import GroupTesting  # noqa: E402
+
+
+class _Recorder(CountingOracle):
+    def __init__(self, f):
+        super().__init__(f)
+        self.asked: list[frozenset[str]] = []
+
+    def __call__(self, s):
+        self.asked.append(frozenset(s))
+        return super().__call__(s)
+
+
+def _excess_hint(f, oracle):
+    """The driver's `excess`: only for sets already asked."""
+    return lambda s: f.excess(s) if frozenset(s) in oracle.asked else None
+
+
+def _heaviest_first(w):
+    return lambda first=(), excess=None: list(first) + sorted((x for x in w if x not in set(first)),
+                                                              key=lambda x: -w[x])
+
+
+def test_auto_ranks_by_the_predicted_ranking_in_the_diffuse_search():
+    """With a ranking that knows the weights (a perfect prediction) the diffuse search finds the optimum for fewer
+    evaluations than with its own probes; the hint is called once, from all-FP16, with that plan's excess."""
+    for seed in range(3):
+        cands, w, t = additive_case(200, 1.0, 0.25, seed)
+        f = additive(w, t)
+        calls: list[tuple] = []
+        perfect = _heaviest_first(w)
+
+        def hint(first=(), excess=None):
+            calls.append((tuple(first), excess() if callable(excess) else excess))
+            return perfect(first, excess)
+
+        a = _Recorder(f)
+        got = Auto().search(cands, a, predicted_ranking=hint, excess=_excess_hint(f, a))
+        b = _Recorder(f)
+        probed = Auto().search(cands, b, excess=_excess_hint(f, b))
+        assert f(got) and is_one_minimal(f, got)
+        assert len(calls) == 1 and calls[0][0] == () and calls[0][1] == f.excess(frozenset())
+        assert len(got) <= len(probed) and a.distinct < b.distinct
+        off = _Recorder(f)  # use_prediction=False: the hint is ignored, the probes as before
+        assert Auto(use_prediction=False).search(cands, off, predicted_ranking=hint,
+                                                 excess=_excess_hint(f, off)) == probed
+        assert off.asked == b.asked and len(calls) == 1
+
+
+def test_the_hint_is_not_called_while_the_error_looks_sparse():
+    """≤ 8 culprits: auto is gt call for call and never asks for the prediction (it costs emulator runs)."""
+    cands = names(128)
+    for seed in range(4):
+        culprits = random_culprits(cands, 1 + seed % 4, seed)
+
+        def hint(first=(), excess=None):
+            raise AssertionError("called in a sparse search")
+
+        a, g = _Recorder(monotone(culprits)), _Recorder(monotone(culprits))
+        assert Auto().search(cands, a, predicted_ranking=hint) == GroupTesting().search(cands, g) == culprits
+        assert a.asked == g.asked
+
+
+def test_a_failing_or_wrong_hint_falls_back_to_the_probes():
+    cands, w, t = additive_case(200, 1.0, 0.25, 0)
+    f = additive(w, t)
+    base = _Recorder(f)
+    expected = Auto().search(cands, base, excess=_excess_hint(f, base))
+
+    def broken(first=(), excess=None):
+        raise RuntimeError("no emulator")
+
+    def calibrated_then_wrong(first=(), excess=None):
+        excess()
+        return cands[:10]
+
+    for hint in (broken, lambda first=(), excess=None: None, lambda first=(), excess=None: cands[:10],
+                 lambda first=(), excess=None: cands + ["ghost"], calibrated_then_wrong):
+        r = _Recorder(f)
+        got = Auto().search(cands, r, predicted_ranking=hint, excess=_excess_hint(f, r))
+        assert got == expected and f(got) and is_one_minimal(f, got)
+        # the calibration's all-FP16 evaluation only when the hint asked for it (a hint that cannot rank: free)
+        assert r.distinct == base.distinct + (hint is calibrated_then_wrong and frozenset() not in base.asked)
+
+
+def test_budget_runs_out_in_the_calibration():
+    from bisector.strategies import BudgetExhausted
+
+    cands, w, t = additive_case(200, 1.0, 0.25, 0)
+    f = additive(w, t)
+    probe = _Recorder(f)
+    Auto().search(cands, probe, predicted_ranking=_heaviest_first(w), excess=_excess_hint(f, probe))
+    before = probe.asked.index(frozenset())  # the calibration set: asked right after the switch
+    r = CountingOracle(f, budget=before)
+    r.asked = []
+    try:
+        Auto().search(cands, r, predicted_ranking=lambda first=(), excess=None: (excess(), cands)[1],
+                      excess=lambda s: f.excess(s))
+    except BudgetExhausted:
+        return
+    raise AssertionError("the budget did not propagate")
+
+
+def test_greedy_moves_the_largest_errors_first_and_predicts_the_prefix():
+    q = np.array([[9.0, 0.0], [0.0, 4.0], [0.1, 0.1], [0.1, 0.0], [0.0, 0.1]])  # squared errors, 2 elements
+    order, predicted = _greedy(q, [], None)
+    assert order[:2] == [0, 1] and sorted(order) == [0, 1, 2, 3, 4]
+    assert predicted == 2  # the rest: sqrt(0.2) < 1 on both elements
+    order, predicted = _greedy(q, [1], None)
+    assert order[0] == 0 and 1 not in order and predicted == 2
+    # calibrated to a real excess 10x the model's: the small errors matter too
+    order, predicted = _greedy(q, [], 10 * float(np.sqrt(q.sum(0)).max()))
+    assert order[:2] == [0, 1] and predicted == 5
+
+
+def _job(stat: str = "elemwise"):
+    from bisector.app.job import open_job
+    from bisector.app.options import options_from_flags
+
+    args = json.loads((ROOT / "fixtures" / "planted.json").read_text())["args"]
+    if stat != "elemwise":
+        args = args + ["--check-error-stat", stat]
+    return open_job(ROOT / "fixtures" / "planted.onnx", no_cache=True, **options_from_flags(args))
+
+
+def test_predicted_ranking_on_emulate_ranks_every_candidate_and_runs_each_alone():
+    job = _job()
+    try:
+        oracle = job.oracle()
+        cands = list(oracle.candidates)
+        stats: dict = {}
+        assert predicted_ranking(oracle, []) is None  # 16 output numbers: below MIN_ELEMENTS, no ranking
+        rank = predicted_ranking(oracle, [], oracle.evaluate(frozenset()).excess, min_elements=0, stats=stats)
+        assert sorted(rank) == sorted(cands) and len(rank) == len(cands)
+        assert stats["runs"] == len(cands) * len(oracle.feeds_list) and stats["seconds"] >= 0
+        assert oracle.new == 1  # the calibration above; the single-node runs are not evaluations
+        # the planted fixture: the model's predicted prefix is exactly the seven planted culprits, and it passes
+        planted = json.loads((ROOT / "fixtures" / "planted.json").read_text())["fp32_nodes"]
+        assert stats["predicted_prefix"] == len(planted) and sorted(rank[: len(planted)]) == sorted(planted)
+        assert oracle.passes(frozenset(rank[: len(planted)]))
+        assert predicted_ranking(oracle, cands[-2:], None, min_elements=0)[:2] == cands[-2:]
+        # tiny memory budget: two passes, the same ranking
+        assert predicted_ranking(oracle, [], oracle.evaluate(frozenset()).excess, min_elements=0, max_floats=1) == rank
+    finally:
+        job.close()
+    job = _job("mean")
+    try:
+        assert predicted_ranking(job.oracle(), [], min_elements=0) is None  # mean/median/quantile: not modelled
+    finally:
+        job.close()
+
+
+def test_driver_offers_the_predicted_ranking(monkeypatch):
+    from bisector.search import driver
+
+    seen: dict = {}
+
+    class Probe:
+        def search(self, candidates, passes, **hints):
+            seen["rank"] = hints["predicted_ranking"]((), None)
+            return frozenset(candidates)
+
+    monkeypatch.setattr(driver, "load_strategy", lambda name, options=None: Probe())
+    from bisector.search import vector_ranking
+
+    monkeypatch.setattr(vector_ranking, "MIN_ELEMENTS", 0)  # the planted model has 16 output numbers
+    job = _job()
+    try:
+        oracle = job.oracle()
+        driver.run_search(oracle, "auto")
+        assert sorted(seen["rank"]) == sorted(oracle.candidates)
+    finally:
+        job.close()
