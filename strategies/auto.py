@@ -436,9 +436,10 @@ class Auto(GroupTesting):
         scores = _positive_map(hints.get("scores"), cands) if self.use_scores else None
         if scores is not None and len(set(scores.values())) <= 1:
             scores = None
+        offered = scores is None and self.use_prediction and callable(hints.get("predicted_ranking"))
         self._estimate(ask, n, len(found), diffuse=True, size=max(len(found), 1),
-                       evaluations=len(ask.memo) + self._probe_count(n, scores) + 2 * int(math.log2(n) + 1)
-                       + 2 * len(found))
+                       evaluations=len(ask.memo) + (1 if offered else self._probe_count(n, scores))  # 1: calibration
+                       + 2 * int(math.log2(n) + 1) + 2 * len(found))
         weigh_costs = costs is not None and scores is not None  # probe estimates are too rough to trade off
         head = set(found)
         idx = ask.index

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -157,8 +158,6 @@ def test_predicted_ranking_on_emulate_ranks_every_candidate_and_runs_each_alone(
         assert stats["predicted_prefix"] == len(planted) and sorted(rank[: len(planted)]) == sorted(planted)
         assert oracle.passes(frozenset(rank[: len(planted)]))
         assert predicted_ranking(oracle, cands[-2:], None, min_elements=0)[:2] == cands[-2:]
-        # tiny memory budget: two passes, the same ranking
-        assert predicted_ranking(oracle, [], oracle.evaluate(frozenset()).excess, min_elements=0, max_floats=1) == rank
     finally:
         job.close()
     job = _job("mean")
@@ -189,3 +188,51 @@ def test_driver_offers_the_predicted_ranking(monkeypatch):
         assert sorted(seen["rank"]) == sorted(oracle.candidates)
     finally:
         job.close()
+
+
+def test_elements_at_risk_from_vectors_kept_on_disk_match_vectors_held_in_memory(monkeypatch):
+    """The vectors wait in an unlinked temporary file and are read back at the k elements with the largest
+    sum of squares: exactly the columns the vectors held in memory give, in the same order; with no temporary
+    file possible, two passes over the candidates give them too."""
+    import tempfile
+
+    from bisector.search import vector_ranking
+
+    rng = np.random.default_rng(5)
+    n, size, k = 70, 3000, 64  # 70 rows: more than one block of 64 read back
+    rows = [rng.standard_normal(size).astype(np.float32) * rng.uniform(0.1, 3) for _ in range(n)]
+    calls = [0]
+
+    def vector(i):
+        calls[0] += 1
+        return rows[i].copy()
+
+    z = np.stack(rows)
+    want = z[:, np.argsort(-(z.astype(np.float64) ** 2).sum(0))[:k]]
+    got = vector_ranking._at_risk(vector, n, size, k)
+    assert calls[0] == n and got.dtype == np.float32 and np.array_equal(got, want)
+
+    def no_disk(*a, **kw):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", no_disk)
+    calls[0] = 0
+    assert np.array_equal(vector_ranking._at_risk(vector, n, size, k), want) and calls[0] == 2 * n
+
+
+def test_single_node_runs_stop_at_the_time_limit():
+    """The ranking's emulator runs are search work: a spent --time-limit stops them (BudgetExhausted, which the
+    driver turns into the best set so far), and they run on several threads in candidate order."""
+    from bisector.budget import Budget, BudgetExhausted
+    from bisector.search import vector_ranking
+
+    job = _job()
+    try:
+        oracle = job.oracle(budget=Budget(time_limit=0.0))
+        with pytest.raises(BudgetExhausted):
+            predicted_ranking(oracle, [], None, min_elements=0)
+    finally:
+        job.close()
+    seen: list[int] = []
+    got = list(vector_ranking.in_order(lambda i: seen.append(i) or np.full(3, i, np.float32), 20, threads=3))
+    assert [int(v[0]) for v in got] == list(range(20)) and sorted(seen) == list(range(20))

@@ -13,8 +13,8 @@ than a model by tensor-rounding units (each rounded tensor counted once).
 
 Ranking: the nodes in ``first`` stay FP32; from the rest all FP16, move to FP32 one at a time the node whose
 removal most reduces the predicted violation Σ_elements relu(pred − 1); once the prediction passes, the node
-that most reduces Σ pred². Only the ``top`` elements with the largest Σ_i z_i² are kept (two passes over the
-candidates when all of them would not fit ``max_floats``).
+that most reduces Σ pred². Only the ``top`` elements with the largest Σ_i z_i² are kept; the full vectors wait in
+a temporary file meanwhile (`_at_risk`), so the ranking holds n x top numbers, not n x outputs.
 
 Only for the emulate backend, elementwise checks and outputs of at least ``MIN_ELEMENTS`` float elements (None
 otherwise: the caller ranks another way).
@@ -22,12 +22,16 @@ otherwise: the caller ranks another way).
 
 from __future__ import annotations
 
+import threading
 import time
-from typing import Any, Sequence
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
 from bisector.compare import EPSILON
+from bisector.budget import BudgetExhausted
 from bisector.fp16.plan import Plan
 
 
@@ -38,7 +42,7 @@ MIN_ELEMENTS = 1024
 
 
 def predicted_ranking(oracle: Any, first: Sequence[str] = (), excess: Any = None, *, top: int = 4096,
-                      max_floats: int = 32_000_000, min_elements: int | None = None,
+                      min_elements: int | None = None,
                       stats: dict | None = None) -> list[str] | None:
     """All candidates of ``oracle``, ``first`` first, then by the greedy order above; None where not supported.
 
@@ -76,8 +80,12 @@ def predicted_ranking(oracle: Any, first: Sequence[str] = (), excess: Any = None
     size = sum(c[2].size for c in checks)
     everything = frozenset(cands)
     runs = [0]
+    budget = getattr(oracle, "budget", None)
+    lock = threading.Lock()
 
     def vector(i: int) -> np.ndarray:
+        if budget is not None and budget.spent():  # the runs are search work: --time-limit bounds them too
+            raise BudgetExhausted(f"--time-limit {budget.time_limit:g}s reached")
         plan = Plan(everything - {cands[i]}, tuple(cands))
         parts = []
         for s, feeds in enumerate(oracle.feeds_list):
@@ -85,7 +93,8 @@ def predicted_ranking(oracle: Any, first: Sequence[str] = (), excess: Any = None
             if not want:
                 continue
             outs = backend.run(plan, feeds, want)
-            runs[0] += 1
+            with lock:
+                runs[0] += 1
             for s2, name, g, thr in checks:
                 if s2 == s:
                     z = (np.asarray(outs[name], np.float32).ravel() - g) / thr
@@ -93,16 +102,10 @@ def predicted_ranking(oracle: Any, first: Sequence[str] = (), excess: Any = None
         return np.concatenate(parts)
 
     k = max(64, min(top, int(4e9 / n**2)))  # the greedy costs about n²·k/2 element operations: ≤ ~2e9
-    if n * size <= max_floats:
-        z = np.stack([vector(i) for i in range(n)])
-        if size > k:
-            z = z[:, np.argsort(-(z.astype(np.float64) ** 2).sum(0))[:k]]
-    else:  # two passes: the elements most at risk first, then only those
-        ss = np.zeros(size, np.float64)
-        for i in range(n):
-            ss += vector(i).astype(np.float64) ** 2
-        keep = np.argsort(-ss)[:k]
-        z = np.stack([vector(i)[keep] for i in range(n)])
+    if size <= k:
+        z = np.stack(list(in_order(vector, n)))
+    else:
+        z = _at_risk(vector, n, size, k)
     q = z.astype(np.float64) ** 2
     start = excess / (tol.margin or 1.0) if isinstance(excess, (int, float)) else None  # units: |z| <= 1 passes
     order, predicted = _greedy(q, [i for i, x in enumerate(cands) if x in set(first)], start)
@@ -111,6 +114,65 @@ def predicted_ranking(oracle: Any, first: Sequence[str] = (), excess: Any = None
     head = [x for x in first if x in everything]
     seen = set(head)
     return head + [cands[i] for i in order if cands[i] not in seen]
+
+
+def _at_risk(vector, n: int, size: int, k: int) -> np.ndarray:
+    """The n vectors at the k elements with the largest Σ_i z_i², in one pass over the candidates: the vectors wait
+    in an unlinked temporary file (TMPDIR; the page cache, not the process's memory: 303 vectors of 75k numbers
+    held in memory took a 6 x 384 transformer's search from 241 to 561 MB), and are read back at those elements.
+    Where no temporary file can be written, the vectors are computed twice (first the sums, then the elements)."""
+    import tempfile
+
+    ss = np.zeros(size, np.float64)
+    try:
+        # written and read back with plain file calls, not mapped: the pages of a mapped file count in the
+        # process's resident memory (a memmap here cost the 6 x 384 search ~80 MB of RSS)
+        with tempfile.TemporaryFile(prefix="bisector-vectors-") as f:
+            for v in in_order(vector, n):
+                v = np.ascontiguousarray(v, np.float32)
+                f.write(memoryview(v).cast("B"))
+                ss += v.astype(np.float64) ** 2
+            keep = np.argsort(-ss)[:k]
+            z = np.empty((n, k), np.float32)
+            row = np.empty(size, np.float32)
+            f.seek(0)
+            for i in range(n):
+                if f.readinto(memoryview(row).cast("B")) != row.nbytes:
+                    raise OSError("short read of the vectors' temporary file")
+                z[i] = row[keep]
+            return z
+    except OSError:
+        pass
+    ss[:] = 0.0
+    for v in in_order(vector, n):
+        ss += v.astype(np.float64) ** 2
+    keep = np.argsort(-ss)[:k]
+    return np.stack([v[keep] for v in in_order(vector, n)])
+
+
+def in_order(vector, n: int, threads: int | None = None) -> Iterator[np.ndarray]:
+    """vector(0), ..., vector(n - 1), computed `threads` at a time (the emulate backend takes concurrent runs,
+    as evaluation threads do; its block sessions mostly run on one thread each), yielded in order, at most
+    2 x threads computed ahead."""
+    from bisector.cores import usable_cores
+
+    threads = threads or usable_cores()
+    if threads <= 1 or n <= 1:
+        for i in range(n):
+            yield vector(i)
+        return
+    with ThreadPoolExecutor(threads, thread_name_prefix="bisector-ranking") as pool:
+        pending: deque = deque()
+        nxt = 0
+        try:
+            for _ in range(n):
+                while nxt < n and len(pending) < 2 * threads:
+                    pending.append(pool.submit(vector, nxt))
+                    nxt += 1
+                yield pending.popleft().result()
+        finally:
+            for fut in pending:
+                fut.cancel()
 
 
 def _greedy(q: np.ndarray, first: list[int], start: float | None) -> tuple[list[int], int]:
@@ -130,13 +192,16 @@ def _greedy(q: np.ndarray, first: list[int], start: float | None) -> tuple[list[
     predicted = None
     while fp16.any():
         idx = np.flatnonzero(fp16)
-        rest = np.sqrt(np.maximum(total[None, :] - q[idx], 0.0))
-        if np.sqrt(total.max()) > 1:
-            value = np.maximum(rest - 1.0, 0.0).sum(1) + 1e-9 * (rest ** 2).sum(1)
-        else:
-            if predicted is None:
-                predicted = len(first) + len(order)
-            value = (rest ** 2).sum(1)
+        violated = np.sqrt(total.max()) > 1
+        if not violated and predicted is None:
+            predicted = len(first) + len(order)
+        value = np.empty(len(idx))
+        for at in range(0, len(idx), 64):  # 64 nodes at a time: n x k float64 temporaries were ~60 MB at n = 600
+            rest = np.sqrt(np.maximum(total[None, :] - q[idx[at : at + 64]], 0.0))
+            if violated:
+                value[at : at + 64] = np.maximum(rest - 1.0, 0.0).sum(1) + 1e-9 * (rest ** 2).sum(1)
+            else:
+                value[at : at + 64] = (rest ** 2).sum(1)
         j = int(idx[int(np.argmin(value))])
         fp16[j] = False
         order.append(j)
