@@ -236,3 +236,39 @@ def test_single_node_runs_stop_at_the_time_limit():
     seen: list[int] = []
     got = list(vector_ranking.in_order(lambda i: seen.append(i) or np.full(3, i, np.float32), 20, threads=3))
     assert [int(v[0]) for v in got] == list(range(20)) and sorted(seen) == list(range(20))
+
+
+def test_a_device_backend_gets_the_ranking_from_the_emulator():
+    """TensorRT or ORT-CUDA cannot run the single-node plans cheaply: the ranking comes from an emulator on the
+    same model, inputs and golden (the same ranking the emulate backend gives), closed afterwards; none for a
+    BF16 device or a backend without a model."""
+    import types
+
+    from bisector.backends.emulate import backend as emulate_backend
+
+    job = _job()
+    try:
+        oracle = job.oracle()
+        excess = oracle.evaluate(frozenset()).excess
+        want = predicted_ranking(oracle, [], excess, min_elements=0)
+        closed: list = []
+        real_close = emulate_backend.EmulateBackend.close
+
+        def close(self):
+            closed.append(self)
+            real_close(self)
+
+        emulate_backend.EmulateBackend.close = close
+        try:
+            oracle.backend = types.SimpleNamespace(name="tensorrt", catalog=job.catalog, storage="fp16")
+            stats: dict = {}
+            assert predicted_ranking(oracle, [], excess, min_elements=0, stats=stats) == want
+            assert stats["runs"] == len(oracle.candidates) and len(closed) == 1
+            oracle.backend = types.SimpleNamespace(name="tensorrt", catalog=job.catalog, storage="bf16")
+            assert predicted_ranking(oracle, [], excess, min_elements=0) is None
+            oracle.backend = types.SimpleNamespace(name="tensorrt")
+            assert predicted_ranking(oracle, [], excess, min_elements=0) is None
+        finally:
+            emulate_backend.EmulateBackend.close = real_close
+    finally:
+        job.close()

@@ -51,8 +51,34 @@ def predicted_ranking(oracle: Any, first: Sequence[str] = (), excess: Any = None
     caller that must spend an evaluation on it spends nothing where the answer is None). ``stats`` (optional) receives ``runs`` (single-node emulator runs), ``seconds`` and
     ``predicted_prefix`` (how many nodes the model says must be FP32)."""
     backend = getattr(oracle, "backend", None)
+    own = None
     if getattr(backend, "name", None) != "emulate" or not callable(getattr(backend, "run", None)):
+        # A device backend (TensorRT, ORT-CUDA): the ranking comes from the CPU emulator on the same model and
+        # inputs, built now and closed after. It only orders the candidates; every verdict is still the device's.
+        own = backend = _emulator_for(backend)
+        if backend is None:
+            return None
+    try:
+        return _ranking(oracle, backend, first, excess, top, min_elements, stats)
+    finally:
+        if own is not None:
+            own.close()
+
+
+def _emulator_for(backend: Any) -> Any:
+    """An emulate backend on `backend`'s model (None: no model, or a storage other than FP16)."""
+    catalog = getattr(backend, "catalog", None)
+    if catalog is None or getattr(backend, "storage", "fp16") != "fp16":
         return None
+    from bisector.backends.emulate.backend import EmulateBackend
+
+    emulator = EmulateBackend()
+    emulator.open(catalog)
+    return emulator
+
+
+def _ranking(oracle: Any, backend: Any, first: Sequence[str], excess: Any, top: int, min_elements: int | None,
+             stats: dict | None) -> list[str] | None:
     t0 = time.perf_counter()
     cands = list(oracle.candidates)
     n = len(cands)
