@@ -184,8 +184,11 @@ def test_driver_offers_the_predicted_ranking(monkeypatch):
     job = _job()
     try:
         oracle = job.oracle()
-        driver.run_search(oracle, "auto")
+        result = driver.run_search(oracle, "auto")
         assert sorted(seen["rank"]) == sorted(oracle.candidates)
+        # the ranking's runs are reported apart from the evaluations (constraints.json, the report)
+        assert result.evaluations["emulator_runs"] == len(oracle.candidates)
+        assert result.evaluations["new"] == oracle.new
     finally:
         job.close()
 

@@ -17,6 +17,8 @@ class Evaluations(BaseModel):
     total: int = Field(description="distinct plans judged for this search (new + cached)")
     new: int
     cached: int = Field(description="answered from the journal of an earlier run")
+    emulator_runs: int = Field(0, description="single-node CPU emulator runs of the predicted ranking of a diffuse "
+                               "search (not evaluations: no plan judged, no engine built)")
 
 
 class Golden(BaseModel):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import logging
 import time
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
@@ -11,6 +12,8 @@ from typing import Any, Callable
 from bisector.errors import AccuracyFailure, UsageError
 from bisector.search.judge import Verdict
 from bisector.search.oracle import BudgetExhausted, Oracle
+
+log = logging.getLogger("bisector")
 
 GROUP = "bisector.strategies"
 
@@ -93,7 +96,9 @@ def run_search(
     all_hints.setdefault("excess", lambda fp32: _known_excess(oracle, fp32))
     # A ranking predicted from each candidate's own output error (emulator runs, no evaluations), computed only
     # when a strategy asks (auto: when its search turns diffuse); None where the backend cannot provide it
-    all_hints.setdefault("predicted_ranking", lambda first=(), excess=None: _predicted_ranking(oracle, first, excess))
+    ranking: dict[str, Any] = {}  # what the ranking cost, for the report (runs are not evaluations)
+    all_hints.setdefault("predicted_ranking",
+                         lambda first=(), excess=None: _predicted_ranking(oracle, first, excess, ranking))
     try:
         if start is None:
             answer = frozenset(strategy.search(candidates, oracle.passes, **all_hints))
@@ -117,7 +122,8 @@ def run_search(
         strategy=strategy_name,
         stop_reason=stop_reason,
         seconds=time.perf_counter() - t0,
-        evaluations={"total": oracle.total, "new": oracle.new, "cached": oracle.cached},
+        evaluations={"total": oracle.total, "new": oracle.new, "cached": oracle.cached,
+                     "emulator_runs": int(ranking.get("runs", 0))},
         rounds=oracle.rounds,
         workers=oracle.workers,
     )
@@ -143,10 +149,14 @@ def _known_excess(oracle: Oracle, fp32) -> float | None:
     return None if verdict is None else verdict.excess
 
 
-def _predicted_ranking(oracle: Oracle, first, excess) -> list[str] | None:
+def _predicted_ranking(oracle: Oracle, first, excess, stats: dict) -> list[str] | None:
     from bisector.search.vector_ranking import predicted_ranking
 
-    return predicted_ranking(oracle, list(first), excess)
+    rank = predicted_ranking(oracle, list(first), excess, stats=stats)
+    if stats.get("runs"):
+        log.info("predicted ranking: %d single-node emulator runs in %.1f s (not evaluations)", stats["runs"],
+                 stats.get("seconds", 0.0))
+    return rank
 
 
 def _search_from(strategy, start: frozenset[str], candidates, oracle: Oracle, hints: dict) -> frozenset[str]:
