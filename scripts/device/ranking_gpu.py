@@ -1,0 +1,72 @@
+"""Issue 15 on a GPU: does the emulator's predicted ranking save *device* evaluations?
+
+For each case (a model from bench/registry_models.py carried with the code, and its flags), searches with `auto`
+on `--backend ort-cuda` (every verdict the GPU's) twice — `use_prediction=False` (the probes, as before issue 15's
+seventh round) and `use_prediction=True` (the ranking computed on the CPU emulator, calibrated by the GPU's own
+all-FP16 excess) — and the same two on `emulate` for reference. Records per search: FP32 set size, evaluations
+(device plans judged), the ranking's emulator runs, whether the set passes and is 1-minimal on that backend, and
+seconds. Writes one JSON file.
+
+    python3 scripts/device/ranking_gpu.py --out $OUT/ranking_gpu.json --model DIR/320n.onnx
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+CASES = [  # (label, flags): YOLOv8n (NudeNet 320n) as bench/strategies.py's registry cases
+    ("yolov8n 3e-3", ["--input-shapes", "images:[1,3,320,320]", "--atol", "3e-3", "--rtol", "3e-3"]),
+    ("yolov8n 1e-3", ["--input-shapes", "images:[1,3,320,320]", "--atol", "1e-3", "--rtol", "1e-3"]),
+]
+
+
+def search(model: Path, flags: list[str], backend: str, use_prediction: bool) -> dict:
+    from bisector.app.job import open_job
+    from bisector.app.options import options_from_flags
+    from bisector.search.driver import removable, run_search
+
+    t0 = time.perf_counter()
+    job = open_job(model, no_cache=True, **options_from_flags(flags + ["--backend", backend]))
+    try:
+        oracle = job.oracle()
+        result = run_search(oracle, "auto", {"use_prediction": use_prediction})
+        out = {"backend": backend, "use_prediction": use_prediction, "fp32": len(result.fp32),
+               "evaluations": result.evaluations, "passed": result.passed, "minimal": result.minimal,
+               "not_removable_checked": not removable(oracle, result.fp32, judge_missing=True),
+               "seconds": round(time.perf_counter() - t0, 1), "search_seconds": round(result.seconds, 1)}
+    finally:
+        job.close()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--backends", default="ort-cuda,emulate")
+    ap.add_argument("--deadline", type=float, default=540.0)
+    a = ap.parse_args()
+    start = time.monotonic()
+    rows = []
+    for label, flags in CASES:
+        for backend in a.backends.split(","):
+            for use in (False, True):
+                if time.monotonic() - start > a.deadline:
+                    rows.append({"case": label, "backend": backend, "use_prediction": use, "skipped": "deadline"})
+                    continue
+                try:
+                    row = search(Path(a.model), flags, backend, use)
+                except Exception as exc:  # noqa: BLE001 - recorded, the next search runs
+                    row = {"backend": backend, "use_prediction": use, "error": f"{type(exc).__name__}: {exc}"}
+                row["case"] = label
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                Path(a.out).write_text(json.dumps(rows, indent=1))
+    Path(a.out).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
