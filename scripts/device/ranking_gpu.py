@@ -17,10 +17,13 @@ import json
 import time
 from pathlib import Path
 
-CASES = [  # (label, flags): YOLOv8n (NudeNet 320n) as bench/strategies.py's registry cases
-    ("yolov8n 3e-3", ["--input-shapes", "images:[1,3,320,320]", "--atol", "3e-3", "--rtol", "3e-3"]),
-    ("yolov8n 1e-3", ["--input-shapes", "images:[1,3,320,320]", "--atol", "1e-3", "--rtol", "1e-3"]),
-]
+CASES = {  # model file name -> (label, flags), as bench/strategies.py's registry cases
+    "320n.onnx": [("yolov8n 3e-3", ["--input-shapes", "images:[1,3,320,320]", "--atol", "3e-3", "--rtol", "3e-3"]),
+                  ("yolov8n 1e-3", ["--input-shapes", "images:[1,3,320,320]", "--atol", "1e-3", "--rtol", "1e-3"])],
+    "ch_PP-OCRv4_rec_infer.onnx": [
+        ("ppocr-rec 3e-3", ["--input-shapes", "x:[1,3,48,320]", "--atol", "3e-3", "--rtol", "3e-3"]),
+        ("ppocr-rec 2e-3", ["--input-shapes", "x:[1,3,48,320]", "--atol", "2e-3", "--rtol", "2e-3"])],
+}
 
 
 def search(model: Path, flags: list[str], backend: str, use_prediction: bool) -> dict:
@@ -51,7 +54,7 @@ def main() -> None:
     a = ap.parse_args()
     start = time.monotonic()
     rows = []
-    for label, flags in CASES:
+    for label, flags in CASES[Path(a.model).name]:
         for backend in a.backends.split(","):
             for use in (False, True):
                 if time.monotonic() - start > a.deadline:
