@@ -55,3 +55,36 @@ def test_a_plugin_cannot_claim_minimality_it_did_not_prove(tmp_path):
                 "-o", out, "--cache-dir", tmp_path / "c", env={"PYTHONPATH": str(plug)})
     assert r.returncode == 0
     assert json.loads((out / "constraints.json").read_text())["minimal"] is False
+
+
+def test_strategy_options_reach_the_strategy_typed_and_bad_ones_are_usage_errors(tmp_path, monkeypatch, capsys):
+    """`--strategy-option KEY=VALUE` reaches the strategy's constructor as the type of its default (or of its
+    annotation where the default is None); a key the strategy does not take, a value of the wrong type, or a
+    token without `=` is exit 2 with the reason, no traceback."""
+    import pytest
+
+    from bisector.app.options import strategy_options
+    from bisector.errors import UsageError
+    from bisector.search import driver
+
+    from .conftest import main_cli
+
+    assert strategy_options("auto", ["use_prediction=false", "probes=12", "fallback_prefix=0.5", "shrink=single"]) == {
+        "use_prediction": False, "probes": 12, "fallback_prefix": 0.5, "shrink": "single"}
+    assert strategy_options("auto", ["probes=none"]) == {"probes": None}
+    for bad, why in ((["nope=1"], "takes no such option"), (["use_prediction=maybe"], "expected a bool"),
+                     (["probes=1.5"], "expected an int"), (["x"], "KEY=VALUE"), (["fallback_prefix=nan"], "float")):
+        with pytest.raises(UsageError, match=why):
+            strategy_options("auto", bad)
+
+    seen: list = []
+    real = driver.load_strategy
+    monkeypatch.setattr(driver, "load_strategy", lambda name, options=None: seen.append(options) or real(name, options))
+    args = ["precision", SEED, "--fp16", "--atol", "1e-1", "--val-range", "x:[1,2]", "-o", tmp_path / "o",
+            "--no-cache", "--strategy-option", "use_prediction=off", "--strategy-option", "swaps=2"]
+    assert main_cli(*args) == 0
+    assert seen and seen[0]["use_prediction"] is False and seen[0]["swaps"] == 2
+    capsys.readouterr()
+    assert main_cli(*args[:-1], "swaps=two") == 2
+    err = capsys.readouterr().err
+    assert "swaps=two" in err and "expected an int" in err and "Traceback" not in err

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Mapping, Optional
@@ -234,6 +235,9 @@ class Search:
                                  "one Add is cheaper to keep than one MatMul).")
     direction: Optional[str] = option("--direction", default=None,
                                       help="bisect/linear: forward (FP32 prefix) or reverse (suffix).")
+    strategy_option: Any = option("--strategy-option", multi=True, cli=Optional[list[str]], default=None,
+                                  help="KEY=VALUE for the strategy's constructor, repeatable (e.g. auto's "
+                                       "use_prediction=false: probes instead of the predicted ranking).")
     scores: Optional[str] = option("--scores", default=None,
                                    help="Per-node FP16 sensitivity to order the search: a profile.json, or `profile` "
                                         "to compute it first (emulate).")
@@ -268,6 +272,7 @@ class Search:
             raise UsageError(f"--direction {self.direction!r}: choose forward or reverse")
         if self.objective not in ("count", "flops"):
             raise UsageError(f"--objective {self.objective!r}: choose count or flops")
+        self.strategy_option = strategy_options(self.strategy, self.strategy_option)
         if self.confirm_on is not None:
             _check_backend(self.confirm_on, "--confirm-on")
         if self.max_evals is not None and self.max_evals < 1:
@@ -277,6 +282,66 @@ class Search:
 
 
 GROUPS: tuple[type, ...] = (Inputs, Tolerances, BackendChoice, Cache, Search)
+
+
+def strategy_options(strategy: str, value: Any) -> dict[str, Any]:
+    """`--strategy-option` tokens (KEY=VALUE) or a mapping, checked against the strategy's constructor: a key it
+    does not take, or a value that is not of its default's type (bool, int, float, str), is a UsageError."""
+    if not value:
+        return {}
+    import inspect
+
+    from bisector.search.driver import load_strategy_class
+
+    if isinstance(value, Mapping):
+        pairs = [(str(k), v) for k, v in value.items()]
+    else:
+        pairs = []
+        for token in [value] if isinstance(value, str) else value:
+            key, sep, raw = str(token).partition("=")
+            if not sep or not key.strip():
+                raise UsageError(f"--strategy-option {token!r}: give KEY=VALUE")
+            pairs.append((key.strip(), raw.strip()))
+    params = {k: p for k, p in inspect.signature(load_strategy_class(strategy)).parameters.items()
+              if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    out: dict[str, Any] = {}
+    for key, raw in pairs:
+        if key not in params:
+            raise UsageError(f"--strategy-option {key}: strategy {strategy!r} takes no such option; it takes: "
+                             f"{', '.join(sorted(params)) or 'none'}")
+        out[key] = _typed_like(params[key].default, raw, key, str(params[key].annotation))
+    return out
+
+
+def _typed_like(default: Any, raw: Any, key: str, annotation: str = "") -> Any:
+    """`raw` as the type of the option's default; for a None default, of its annotation (`int | None`)."""
+    if not isinstance(raw, str):
+        return raw  # from the Python API: as given
+    text = raw.lower()
+    if default is None:
+        if text in ("none", "null", ""):
+            return None
+        kinds = {"bool": False, "int": 0, "float": 0.0}
+        default = next((v for k, v in kinds.items() if re.search(rf"\b{k}\b", annotation)), None)
+        if default is None:
+            return raw
+    try:
+        if isinstance(default, bool):
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if isinstance(default, int):
+            return int(raw)
+        if isinstance(default, float):
+            value = float(raw)
+            if not math.isfinite(value):
+                raise ValueError
+            return value
+    except ValueError:
+        raise UsageError(f"--strategy-option {key}={raw}: expected {'an' if type(default).__name__ == 'int' else 'a'} {type(default).__name__}") from None
+    return raw
 
 
 # ---- Polygraphy `run` compatibility (issue 18): runners, comparison, TensorRT-only builder flags ----------------

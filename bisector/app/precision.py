@@ -118,7 +118,7 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
         if progress is not None:
             progress.begin(len(cat.candidates))
         try:
-            result = run_search(oracle, s.strategy, {"direction": s.direction}, hints=hints, progress=progress,
+            result = run_search(oracle, s.strategy, {"direction": s.direction, **s.strategy_option}, hints=hints, progress=progress,
                                 start=start)
         finally:
             if progress is not None:
@@ -207,7 +207,7 @@ def _confirm(model: Path, groups: dict, confirm: BackendChoice, s: Search, found
             if executor is not None:
                 open_job_spec(executor, model, {**groups, BackendChoice: confirm}, there)
                 oracle.executor = executor
-            result = run_search(oracle, s.strategy, {"direction": s.direction}, start=found.fp32)
+            result = run_search(oracle, s.strategy, {"direction": s.direction, **s.strategy_option}, start=found.fp32)
         finally:
             if executor is not None:
                 executor.close()

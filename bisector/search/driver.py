@@ -23,14 +23,18 @@ def available_strategies() -> dict[str, Any]:
     return {ep.name: ep for ep in entry_points(group=GROUP)}
 
 
-def load_strategy(name: str, options: dict[str, Any] | None = None):
+def load_strategy_class(name: str):
     eps = available_strategies()
     if name not in eps:
         raise UsageError(f"unknown strategy {name!r}; installed: {', '.join(sorted(eps)) or 'none'}")
     try:
-        cls = eps[name].load()
+        return eps[name].load()
     except Exception as exc:
         raise UsageError(f"strategy plugin {name!r} failed to load: {exc}") from None
+
+
+def load_strategy(name: str, options: dict[str, Any] | None = None):
+    cls = load_strategy_class(name)
     accepted = inspect.signature(cls).parameters
     kwargs = {k: v for k, v in (options or {}).items() if v is not None and k in accepted}
     return cls(**kwargs)
