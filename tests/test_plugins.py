@@ -84,6 +84,8 @@ def test_strategy_options_reach_the_strategy_typed_and_bad_ones_are_usage_errors
             "--no-cache", "--strategy-option", "use_prediction=off", "--strategy-option", "swaps=2"]
     assert main_cli(*args) == 0
     assert seen and seen[0]["use_prediction"] is False and seen[0]["swaps"] == 2
+    recorded = json.loads((tmp_path / "o" / "constraints.json").read_text())["strategy_options"]
+    assert recorded == {"use_prediction": False, "swaps": 2}  # the artifacts say how the search ran
     capsys.readouterr()
     assert main_cli(*args[:-1], "swaps=two") == 2
     err = capsys.readouterr().err

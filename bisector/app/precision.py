@@ -149,7 +149,7 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
         timings = {"setup": t_setup, "profile": t_profile, "search": result.seconds,
                    "backend_run": sum(v.seconds.get("run", 0.0) for v in oracle.history),
                    "compare": sum(v.seconds.get("compare", 0.0) for v in oracle.history), "plot": t_plot}
-        constraints = _constraints(job, Path(model), result, s.strategy, timings)
+        constraints = _constraints(job, Path(model), result, s.strategy, timings, s.strategy_option)
         constraints.confirmed_on = confirmed_on
         constraints.objective = s.objective
         constraints.fp32_cost = {"set": sum(costs.get(n, 1.0) for n in result.fp32),
@@ -325,7 +325,8 @@ def open_job_spec(executor: Executor, model: Path, groups: dict, job: Job) -> No
     log.info("judging plans on %d %s worker(s)", executor.workers, executor.kind)
 
 
-def _constraints(job: Job, model: Path, result: SearchResult, strategy: str, timings: dict) -> Constraints:
+def _constraints(job: Job, model: Path, result: SearchResult, strategy: str, timings: dict,
+                 strategy_options: dict | None = None) -> Constraints:
     cat = job.catalog
     return Constraints(
         tool_version=__version__, model=str(model), model_sha256=cat.sha256, backend=job.backend.describe(),
@@ -333,7 +334,7 @@ def _constraints(job: Job, model: Path, result: SearchResult, strategy: str, tim
         passed=result.passed, minimal=result.minimal, stop_reason=result.stop_reason,
         evaluations=Evaluations(**result.evaluations),
         golden=Golden(source=job.golden.source, reference_runs=job.golden.reference_runs, runner=job.golden.runner),
-        strategy=strategy, candidates=len(cat.candidates), pinned=cat.pinned, timings=timings,
+        strategy=strategy, strategy_options=dict(strategy_options or {}), candidates=len(cat.candidates), pinned=cat.pinned, timings=timings,
         outputs={k: v.to_json() for k, v in result.verdict.outputs.items()},
         worst_input_set=result.verdict.worst_set, headroom=_headroom(result.verdict), machine=machine_description(),
     )

@@ -43,6 +43,7 @@ class Constraints(BaseModel):
     evaluations: Evaluations
     golden: Golden
     strategy: str
+    strategy_options: dict[str, Any] = Field(default_factory=dict, description="--strategy-option values given")
     candidates: int
     pinned: dict[str, str] = Field(default_factory=dict)
     timings: dict[str, float] = Field(default_factory=dict)
