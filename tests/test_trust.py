@@ -393,3 +393,48 @@ def test_large_files_go_to_disk_while_written_and_come_out_whole(tmp_path, monke
     with pytest.raises(Exception, match="disk is full"):
         files.write_file_atomic(tmp_path / "other.bin", failing)
     assert not (tmp_path / "other.bin").exists() and not list(tmp_path.glob(".*.tmp"))
+
+
+def test_a_journal_opened_by_several_processes_at_once_is_waited_for(tmp_path, monkeypatch):
+    """Processes opening a new journal together race to switch it to WAL and SQLite answers "database is locked"
+    at once (no busy wait): the open is tried again until OPEN_TIMEOUT, and only a lock that outlasts it is the
+    usual UsageError. Six real processes opening one new journal together all get it."""
+    import subprocess
+    import sys
+    import time
+
+    from bisector.errors import UsageError
+    from bisector.search import journal
+
+    real = journal.SqliteJournal._open_once
+    fails = {"left": 3}
+
+    def locked_at_first(self):
+        if fails["left"]:
+            fails["left"] -= 1
+            raise journal._Busy()
+        return real(self)
+
+    monkeypatch.setattr(journal.SqliteJournal, "_open_once", locked_at_first)
+    j = journal.SqliteJournal(tmp_path / "a" / "journal.sqlite", {"k": 1}, resume=True)
+    assert fails["left"] == 0 and j.count() == 0
+    j.close()
+
+    monkeypatch.setattr(journal, "OPEN_TIMEOUT", 0.2)
+    monkeypatch.setattr(journal.SqliteJournal, "_open_once", lambda self: (_ for _ in ()).throw(journal._Busy()))
+    with pytest.raises(UsageError, match="database is locked"):
+        journal.SqliteJournal(tmp_path / "b" / "journal.sqlite", {"k": 1}, resume=True)
+    monkeypatch.undo()
+
+    start = time.time() + 2.0
+    code = ("import sys, time\nfrom pathlib import Path\nfrom bisector.search.journal import SqliteJournal\n"
+            "while time.time() < float(sys.argv[2]): pass\n"
+            "SqliteJournal(Path(sys.argv[1]), {'k': int(sys.argv[3]) % 2}, resume=True).close()\n")
+    for trial in range(3):
+        path = tmp_path / f"race{trial}" / "journal.sqlite"
+        path.parent.mkdir()
+        procs = [subprocess.Popen([sys.executable, "-c", code, str(path), str(start + 2.0 * trial), str(i)],
+                                  stderr=subprocess.PIPE, text=True) for i in range(6)]
+        for p in procs:
+            _, err = p.communicate(timeout=120)
+            assert p.returncode == 0, err

@@ -31,6 +31,11 @@ from bisector.search.judge import Verdict
 from bisector.fp16.plan import Plan
 
 log = logging.getLogger("bisector")
+OPEN_TIMEOUT = 30.0  # seconds: SQLite's busy timeout, and how long a locked open is tried again
+
+
+class _Busy(Exception):
+    """The journal was locked while it was being opened (another process switching it to WAL)."""
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS evaluations (
@@ -80,8 +85,25 @@ class SqliteJournal:
             self._open()
 
     def _open(self) -> None:
+        # Processes opening a new journal together (`batch` with parallel_models, two nightly jobs on one cache
+        # dir) race to switch it to WAL: SQLite answers "database is locked" at once there, without waiting on
+        # its busy timeout. The open is tried again for as long as that timeout (seen: 5 of 90 opens of 6
+        # processes starting together failed; none with the retry).
+        deadline = time.monotonic() + OPEN_TIMEOUT
+        delay = 0.02
+        while True:
+            try:
+                self._open_once()
+                return
+            except _Busy:
+                if time.monotonic() >= deadline:
+                    raise self._error(sqlite3.OperationalError("database is locked")) from None
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
+
+    def _open_once(self) -> None:
         try:
-            self.db = sqlite3.connect(str(self.path), timeout=30, isolation_level=None)
+            self.db = sqlite3.connect(str(self.path), timeout=OPEN_TIMEOUT, isolation_level=None)
         except sqlite3.Error as exc:
             raise UsageError(f"cannot open the journal {self.path}: {exc} (--cache-dir)") from None
         try:
@@ -98,6 +120,8 @@ class SqliteJournal:
                             (self.key, json.dumps(self.description, sort_keys=True, default=str)))
         except sqlite3.DatabaseError as exc:
             self.db.close()
+            if isinstance(exc, sqlite3.OperationalError) and ("locked" in str(exc) or "busy" in str(exc)):
+                raise _Busy() from None
             raise self._error(exc) from None
 
     def _error(self, exc: sqlite3.DatabaseError) -> UsageError:
