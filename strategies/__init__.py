@@ -30,8 +30,9 @@ A strategy is a class constructible with no arguments (options are keyword argum
   model of the FP16 error says they should go FP32 (most needed first), calibrated so that the model's error of the
   plan keeping ``first`` FP32 equals ``excess`` (None: uncalibrated; or a callable returning it, called only when
   the ranking can be computed, so an evaluation spent on it is never wasted); None where it cannot be had. The driver
-  offers it on the emulate backend with elementwise checks (bisector/search/vector_ranking.py: one emulator run
-  per candidate alone in FP16, not evaluations, but not free: call it only when the ranking is needed). ``auto``
+  offers it with elementwise checks on every backend (bisector/search/vector_ranking.py: one CPU emulator run per
+  candidate alone in FP16 — on a device backend an emulator of the same model, the device judging every plan —
+  not evaluations, but not free: call it only when the ranking is needed; bounded by --time-limit). ``auto``
   calls it once, when its search turns diffuse.
 
 Nothing here imports ONNX: strategies only see names.
