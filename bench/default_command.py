@@ -239,7 +239,8 @@ def main() -> None:
             nodes = len(onnx.load(str(path), load_external_data=False).graph.node)
             budget = max(0.0, wall - 2.0) / (evals * infer_s)
             budget_cold = max(0.0, wall - 2.0) / (evals * cold_s)
-            per_work = f" ({max(0.0, wall - 2.0) / ((evals + runs) * infer_s):.2f} per evaluation or run)" if runs else ""
+            per_work = (f" ({max(0.0, wall - 2.0) / ((evals + runs) * infer_s):.2f} per evaluation or run)"
+                        if runs else "")
             print(f"| {name} | {nodes} | {infer_s * 1e3:.1f} ms; {cold_s * 1e3:.0f} ms | {infer_rss:.0f} MB | "
                   f"{evals} ({fp32}) | {wall:.2f} s | {max(rss):.0f} MB | {budget:.2f}{per_work}; {budget_cold:.2f} | "
                   f"{max(rss) / infer_rss:.2f} |", flush=True)

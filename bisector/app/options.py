@@ -273,6 +273,10 @@ class Search:
         if self.objective not in ("count", "flops"):
             raise UsageError(f"--objective {self.objective!r}: choose count or flops")
         self.strategy_option = strategy_options(self.strategy, self.strategy_option)
+
+    def strategy_kwargs(self) -> dict[str, Any]:
+        """What the strategy's constructor gets: --direction (for bisect/linear) and the --strategy-option values."""
+        return {"direction": self.direction, **self.strategy_option}
         if self.confirm_on is not None:
             _check_backend(self.confirm_on, "--confirm-on")
         if self.max_evals is not None and self.max_evals < 1:
@@ -340,7 +344,8 @@ def _typed_like(default: Any, raw: Any, key: str, annotation: str = "") -> Any:
                 raise ValueError
             return value
     except ValueError:
-        raise UsageError(f"--strategy-option {key}={raw}: expected {'an' if type(default).__name__ == 'int' else 'a'} {type(default).__name__}") from None
+        kind = type(default).__name__
+        raise UsageError(f"--strategy-option {key}={raw}: expected {'an' if kind == 'int' else 'a'} {kind}") from None
     return raw
 
 

@@ -118,7 +118,7 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
         if progress is not None:
             progress.begin(len(cat.candidates))
         try:
-            result = run_search(oracle, s.strategy, {"direction": s.direction, **s.strategy_option}, hints=hints, progress=progress,
+            result = run_search(oracle, s.strategy, s.strategy_kwargs(), hints=hints, progress=progress,
                                 start=start)
         finally:
             if progress is not None:
@@ -207,7 +207,7 @@ def _confirm(model: Path, groups: dict, confirm: BackendChoice, s: Search, found
             if executor is not None:
                 open_job_spec(executor, model, {**groups, BackendChoice: confirm}, there)
                 oracle.executor = executor
-            result = run_search(oracle, s.strategy, {"direction": s.direction, **s.strategy_option}, start=found.fp32)
+            result = run_search(oracle, s.strategy, s.strategy_kwargs(), start=found.fp32)
         finally:
             if executor is not None:
                 executor.close()
@@ -334,7 +334,8 @@ def _constraints(job: Job, model: Path, result: SearchResult, strategy: str, tim
         passed=result.passed, minimal=result.minimal, stop_reason=result.stop_reason,
         evaluations=Evaluations(**result.evaluations),
         golden=Golden(source=job.golden.source, reference_runs=job.golden.reference_runs, runner=job.golden.runner),
-        strategy=strategy, strategy_options=dict(strategy_options or {}), candidates=len(cat.candidates), pinned=cat.pinned, timings=timings,
+        strategy=strategy, strategy_options=dict(strategy_options or {}), candidates=len(cat.candidates),
+        pinned=cat.pinned, timings=timings,
         outputs={k: v.to_json() for k, v in result.verdict.outputs.items()},
         worst_input_set=result.verdict.worst_set, headroom=_headroom(result.verdict), machine=machine_description(),
     )

@@ -21,7 +21,8 @@ def render_report(catalog: Catalog, c: Constraints, strings: dict, extra: str = 
         f"- Result: **{status}** with {len(c.fp32_nodes)} of {c.candidates} candidate nodes in FP32"
         + (" (1-minimal)" if c.minimal else " (not proven minimal" + (f": {text(c.stop_reason)}" if c.stop_reason else "") + ")"),
         f"- Backend: {code(c.backend.get('backend', '?'))} ({text(', '.join(f'{k} {v}' for k, v in c.backend.items() if k != 'backend'))})",
-        f"- Strategy: {code(c.strategy)}; evaluations: {c.evaluations.total} ({c.evaluations.new} new, {c.evaluations.cached} from the journal)"
+        f"- Strategy: {code(c.strategy)}; evaluations: {c.evaluations.total} ({c.evaluations.new} new, "
+        f"{c.evaluations.cached} from the journal)"
         + (f"; {c.evaluations.emulator_runs} single-node emulator runs for the predicted ranking"
            if c.evaluations.emulator_runs else ""),
         f"- Golden outputs: {text(c.golden.source)}; inputs: {text(c.inputs.get('source'))} ({c.inputs.get('sets')} set(s))",

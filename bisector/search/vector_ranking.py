@@ -48,8 +48,9 @@ def predicted_ranking(oracle: Any, first: Sequence[str] = (), excess: Any = None
 
     ``excess``: the real excess (error / tolerance) of the plan keeping ``first`` FP32, for the calibration
     (None: no calibration), or a callable returning it, called only when the ranking can be computed (so a
-    caller that must spend an evaluation on it spends nothing where the answer is None). ``stats`` (optional) receives ``runs`` (single-node emulator runs), ``seconds`` and
-    ``predicted_prefix`` (how many nodes the model says must be FP32)."""
+    caller that must spend an evaluation on it spends nothing where the answer is None). ``stats`` (optional)
+    receives ``runs`` (single-node emulator runs), ``seconds`` and ``predicted_prefix`` (how many nodes the model
+    says must be FP32)."""
     backend = getattr(oracle, "backend", None)
     own = None
     if getattr(backend, "name", None) != "emulate" or not callable(getattr(backend, "run", None)):
