@@ -73,36 +73,82 @@ def temp_prefix(path: Path) -> str:
     return f".{path.name}.bisector-{os.getpid()}."
 
 
-def write_file_atomic(path: Path, fill: Callable[[BinaryIO], None]) -> None:
-    """Write `path` through `fill(file)` into a temporary file next to it, then rename: all or nothing."""
-    path = Path(path)
-    check_not_input(path)
-    ensure_dir(path.parent if str(path.parent) else Path("."))
-    clean_stale_temporaries(path.parent if str(path.parent) else Path("."), [path.name])  # a killed run's, of this file
-    fd, tmp = None, None
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), suffix=".tmp", dir=path.parent)
-        os.fchmod(fd, _mode())
-        with os.fdopen(fd, "wb") as f:
-            fd = None
-            sink = _Sink(f, path)
+def write_file_atomic(path: Path, fill: Callable[[BinaryIO], None], into: "AtomicFile | None" = None) -> None:
+    """Write `path` through `fill(file)` into a temporary file next to it, then rename: all or nothing. `into`: an
+    `AtomicFile` of `path` begun earlier (its content so far is kept; `fill` appends)."""
+    with (into if into is not None else AtomicFile(path)) as f:
+        fill(f.sink)
+
+
+class AtomicFile:
+    """A file written over time into a temporary file next to `path`, then either committed (fsync, rename over
+    `path`) or discarded: all or nothing. As a context manager: committed when the block ends normally, discarded
+    when it raises. Any OSError is a UsageError naming `path` (nothing is left half-written)."""
+
+    def __init__(self, path: Path):
+        self.path = path = Path(path)
+        check_not_input(path)
+        parent = path.parent if str(path.parent) else Path(".")
+        ensure_dir(parent)
+        clean_stale_temporaries(parent, [path.name])  # a killed run's, of this file
+        self._f = self._tmp = None
+        try:
+            fd, self._tmp = tempfile.mkstemp(prefix=temp_prefix(path), suffix=".tmp", dir=parent)
             try:
-                fill(sink)
-            finally:
-                sink.close()
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)  # replaces a symlink at `path` itself, never its target
-        tmp = None
-        _fsync_dir(path.parent)
-    except OSError as exc:
+                os.fchmod(fd, _mode())
+                self._f = os.fdopen(fd, "wb")
+            except BaseException:
+                os.close(fd)
+                raise
+        except OSError as exc:
+            self.discard()
+            raise self._error(exc) from None
+        self.sink = _Sink(self._f, path)
+
+    def _error(self, exc: OSError) -> UsageError:
         reason = "the disk is full" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
-        raise UsageError(f"cannot write {path}: {reason}; nothing was left half-written") from None
-    finally:
-        if fd is not None:
-            os.close(fd)
-        if tmp is not None and os.path.lexists(tmp):
-            os.unlink(tmp)
+        return UsageError(f"cannot write {self.path}: {reason}; nothing was left half-written")
+
+    def commit(self) -> None:
+        try:
+            self.sink.close()
+            self._f.flush()
+            os.fsync(self._f.fileno())
+            self._f.close()
+            os.replace(self._tmp, self.path)  # replaces a symlink at `path` itself, never its target
+            self._tmp = None
+            _fsync_dir(self.path.parent)
+        except OSError as exc:
+            self.discard()
+            raise self._error(exc) from None
+
+    def discard(self) -> None:
+        """Drop what was written (the target is untouched); safe to call more than once."""
+        sink = getattr(self, "sink", None)
+        if sink is not None:
+            sink.close()
+        if self._f is not None:
+            try:
+                self._f.close()
+            except OSError:
+                pass
+        if self._tmp is not None and os.path.lexists(self._tmp):
+            try:
+                os.unlink(self._tmp)
+            except OSError:
+                pass
+        self._tmp = None
+
+    def __enter__(self) -> "AtomicFile":
+        return self
+
+    def __exit__(self, kind, exc, tb) -> None:
+        if kind is None:
+            self.commit()
+            return
+        self.discard()
+        if isinstance(exc, OSError):
+            raise self._error(exc) from None
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -89,7 +89,7 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
         if executor is not None:
             executor.close()
         raise
-    journal = None
+    journal = prewritten = None
     try:
         t_setup = time.perf_counter() - t0
         cat = job.catalog
@@ -117,6 +117,12 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
         oracle.executor = executor
         if progress is not None:
             progress.begin(len(cat.candidates))
+        if output_dir is not None and mixed:
+            # The large weights of the mixed model go to disk while the search runs (artifacts.prewrite): the
+            # work after the search then does not grow with them.
+            from bisector.artifacts.prewrite import WeightPrewrite
+
+            prewritten = WeightPrewrite.start(cat, Path(output_dir) / "model.mixed.onnx")
         try:
             result = run_search(oracle, s.strategy, s.strategy_kwargs(), hints=hints, progress=progress,
                                 start=start)
@@ -169,7 +175,7 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
                 skipped = "the --time-limit was spent by the search"
                 log.warning("--time-limit spent: model.mixed.onnx not written (report.md says how to write it)")
             paths = write_artifacts(Path(output_dir), cat, constraints, extra_report, mixed=skipped is None,
-                                    mixed_skipped=skipped or "", rounded=rounded)
+                                    mixed_skipped=skipped or "", rounded=rounded, prewritten=prewritten)
         del rounded
         if result.workers > 1:
             log.info("%d new evaluation(s) in %d round(s) on %d workers", result.evaluations.get("new", 0),
@@ -180,6 +186,8 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
         return PrecisionResult(sorted(result.fp32, key=order.__getitem__), result.passed, result.minimal,
                                result.verdict, constraints, paths, result.stop_reason)
     finally:
+        if prewritten is not None:  # a no-op once written; else its temporary file goes
+            prewritten.discard()
         if executor is not None:  # failed before the search
             executor.close()
         job.close()

@@ -18,7 +18,8 @@ from bisector.fp16.mixed import build_mixed_detached
 from bisector.model import weights as weight_store
 from bisector.artifacts.add_constraints import add_constraints_for, layer_precision_strings_for
 from bisector.artifacts.constraints import Constraints
-from bisector.files import clean_stale_temporaries, ensure_dir, remove_file, write_file_atomic, write_text_atomic
+from bisector.artifacts.prewrite import ALIGN, MAX_UNUSED_SHARE, WeightPrewrite, key_bytes, value_key
+from bisector.files import AtomicFile, clean_stale_temporaries, ensure_dir, remove_file, write_file_atomic, write_text_atomic
 from bisector.artifacts.report import render_report
 
 
@@ -37,11 +38,13 @@ def begin_artifacts(out_dir: Path) -> Path:
 
 def write_artifacts(out_dir: Path, catalog: Catalog, constraints: Constraints, extra_report: str = "",
                     mixed: bool = True, mixed_skipped: str = "the --time-limit was spent by the search",
-                    rounded: Mapping[str, np.ndarray] | None = None) -> dict[str, Path]:
+                    rounded: Mapping[str, np.ndarray] | None = None,
+                    prewritten: WeightPrewrite | None = None) -> dict[str, Path]:
     """Every artifact of a search; `mixed=False` (`--no-mixed`, or the --time-limit was spent: `mixed_skipped`
     says which in report.md): all but the mixed ONNX, the one whose cost grows with the weights, and a stale one
     of an earlier run is removed. The time this takes is recorded in constraints.json (`timings.artifacts`).
-    `rounded`: weights the search rounded already (`fp16.mixed.build_mixed_detached`)."""
+    `rounded`: weights the search rounded already (`fp16.mixed.build_mixed_detached`); `prewritten`: the mixed
+    model's data file begun while the search ran (`artifacts.prewrite`; finished or dropped here)."""
     t0 = time.perf_counter()
     out = begin_artifacts(Path(out_dir))
     fp32 = list(constraints.fp32_nodes)
@@ -56,8 +59,10 @@ def write_artifacts(out_dir: Path, catalog: Catalog, constraints: Constraints, e
     # one first, so that a run that fails half way (disk full) never leaves new artifacts beside an old one.
     # Build everything in memory first: a failure here leaves no artifact of this run behind.
     if mixed:
-        mixed_files = mixed_model_files(catalog, frozenset(fp32), paths["mixed"], rounded)
+        mixed_files = mixed_model_files(catalog, frozenset(fp32), paths["mixed"], rounded, prewritten)
     else:
+        if prewritten is not None:
+            prewritten.discard()
         mixed_files = []
         for stale in (paths.pop("mixed"), out / "model.mixed.onnx.data"):
             remove_file(stale)
@@ -71,7 +76,7 @@ def write_artifacts(out_dir: Path, catalog: Catalog, constraints: Constraints, e
     report = render_report(catalog, constraints, strings, extra_report)
 
     for path, fill in mixed_files:  # external data first, the model that names it last
-        write_file_atomic(path, fill)
+        write_file_atomic(path, fill, into=getattr(fill, "into", None))
     if mixed and len(mixed_files) == 1:  # one file now: a .data file of an earlier, larger run is stale
         remove_file(out / "model.mixed.onnx.data")
     write_text_atomic(paths["add_constraints"], script)
@@ -88,16 +93,26 @@ EXTERNAL_MIN_BYTES = 1024  # initializers at least this large go to the .data fi
 EXTERNAL_DATA_FROM_BYTES = 256 * 2**20
 
 
-def mixed_model_files(catalog: Catalog, plan, path: Path,
-                      rounded: Mapping[str, np.ndarray] | None = None) -> list[tuple[Path, Callable]]:
+def mixed_model_files(catalog: Catalog, plan, path: Path, rounded: Mapping[str, np.ndarray] | None = None,
+                      prewritten: "WeightPrewrite | None" = None) -> list[tuple[Path, Callable]]:
     """The mixed model of `plan` as files to write, checked with onnx.checker before anything is written: one
     .onnx; or .onnx + .onnx.data when its weights pass EXTERNAL_DATA_FROM_BYTES or the model would pass
-    protobuf's 2 GB, the data streamed from the arrays."""
+    protobuf's 2 GB, the data streamed from the arrays. `prewritten`: the data file begun while the search ran
+    (artifacts.prewrite): its weights are reused where the final model reads them, and the .data entry's fill
+    carries the open file as `fill.into` (for `write_file_atomic(path, fill, into=fill.into)`)."""
     model, values = build_mixed_detached(catalog, plan, rounded)
-    weight_bytes = sum(int(v.nbytes) for v in values.values())  # arrays and FP16Copy: sizes, nothing converted
-    if weight_bytes < EXTERNAL_DATA_FROM_BYTES and model.ByteSize() + weight_bytes <= _catalog.PROTOBUF_LIMIT:
+    if stays_one_file(model, values):
+        if prewritten is not None:
+            prewritten.discard()
         return [_one_file(model, values, path)]
-    return _external_files(model, values, path)
+    return _external_files(model, values, path, prewritten)
+
+
+def stays_one_file(model: onnx.ModelProto, values: Mapping[str, object]) -> bool:
+    """Whether a detached mixed model is written as one .onnx (weights below EXTERNAL_DATA_FROM_BYTES and the
+    whole within protobuf's 2 GB) rather than .onnx + .onnx.data."""
+    weight_bytes = sum(int(v.nbytes) for v in values.values())  # arrays and FP16Copy: sizes, nothing converted
+    return weight_bytes < EXTERNAL_DATA_FROM_BYTES and model.ByteSize() + weight_bytes <= _catalog.PROTOBUF_LIMIT
 
 
 def _one_file(model: onnx.ModelProto, values: dict, path: Path) -> tuple[Path, Callable]:
@@ -108,41 +123,71 @@ def _one_file(model: onnx.ModelProto, values: dict, path: Path) -> tuple[Path, C
     return path, data.write
 
 
-def _external_files(model: onnx.ModelProto, values: dict, path: Path) -> list[tuple[Path, Callable]]:
+def _external_files(model: onnx.ModelProto, values: dict, path: Path,
+                    prewritten: "WeightPrewrite | None" = None) -> list[tuple[Path, Callable]]:
     """`model` as .onnx + .onnx.data: the stubs' `values` and inline initializers from EXTERNAL_MIN_BYTES up go
-    to the data file, written straight from the arrays."""
+    to the data file, written straight from the arrays (after a prewritten file's content, reusing its weights)."""
     data_path = path.with_name(path.name + ".data")
-    layout: list[tuple[int, object]] = []  # (offset, array or FP16Copy)
-    offset = 0
+    moved: list[tuple[TensorProto, object]] = []  # (initializer, array or FP16Copy) that go to the data file
     for init in model.graph.initializer:
         if weight_store.is_stub(init):
-            raw = values[init.name]
+            moved.append((init, values[init.name]))
         elif init.ByteSize() >= EXTERNAL_MIN_BYTES:
-            raw = np.ascontiguousarray(numpy_helper.to_array(init))
+            moved.append((init, np.ascontiguousarray(numpy_helper.to_array(init))))
+    into, offsets, begun = _reusable(prewritten, moved)
+    offset = begun
+    layout: list[tuple[int, object]] = []  # (offset, array or FP16Copy) still to write
+    for init, raw in moved:
+        at = offsets.get(value_key(init.name, raw))
+        if at is None:
+            offset += (-offset) % ALIGN
+            at = offset
+            layout.append((at, raw))
+            offset += raw.nbytes
+        if not weight_store.is_stub(init):
             init.CopyFrom(TensorProto(name=init.name, data_type=init.data_type, dims=list(init.dims),
                                       data_location=TensorProto.EXTERNAL))
-        else:
-            continue
-        offset += (-offset) % 4096  # aligned, as onnx.save_model does, so runtimes can map it
         del init.external_data[:]
-        for key, value in (("location", data_path.name), ("offset", str(offset)), ("length", str(raw.nbytes))):
+        for key, value in (("location", data_path.name), ("offset", str(at)), ("length", str(raw.nbytes))):
             init.external_data.add(key=key, value=value)
-        layout.append((offset, raw))
-        offset += raw.nbytes
     if model.ByteSize() > _catalog.PROTOBUF_LIMIT:
+        if into is not None:
+            into.discard()
         raise UsageError("the mixed model is beyond 2 GB even without its weights; it cannot be saved as ONNX")
-    _check_without_external_data(model)
+    try:
+        _check_without_external_data(model)
+    except BaseException:
+        if into is not None:
+            into.discard()
+        raise
     model_bytes = model.SerializeToString()
 
     def fill_data(f):
-        at = 0  # FP16 copies are converted one ahead while the previous one is written (`weights.in_turn`)
+        at = begun  # FP16 copies are converted one ahead while the previous one is written (`weights.in_turn`)
         for (start, _), raw in zip(layout, weight_store.in_turn([v for _, v in layout])):
             if start > at:
                 f.write(bytes(start - at))
             f.write(memoryview(raw.reshape(-1).view(np.uint8)))
             at = start + raw.nbytes
 
+    fill_data.into = into  # type: ignore[attr-defined]
     return [(data_path, fill_data), (path, lambda f: f.write(model_bytes))]
+
+
+def _reusable(prewritten: "WeightPrewrite | None", moved: list[tuple[TensorProto, object]]
+              ) -> tuple[AtomicFile | None, dict[tuple, int], int]:
+    """The prewritten data file, its offsets and size when the final model reads enough of it (else it is dropped,
+    and the data file is written compactly: None, {}, 0)."""
+    taken = prewritten.take() if prewritten is not None else None
+    if taken is None:
+        return None, {}, 0
+    into, offsets, size = taken
+    wanted = {value_key(init.name, raw) for init, raw in moved}
+    unused = sum(key_bytes(k) for k in offsets if k not in wanted)  # weights only: padding is there either way
+    if unused > MAX_UNUSED_SHARE * sum(key_bytes(k) for k in offsets):
+        into.discard()
+        return None, {}, 0
+    return into, {k: v for k, v in offsets.items() if k in wanted}, size
 
 
 def _check_without_external_data(model: onnx.ModelProto) -> None:

@@ -1,0 +1,113 @@
+"""The mixed model's large weights written while the search runs, so that the work after it does not grow with them.
+
+Issue 14: on a model with 1.27 GB of weights and a 3-evaluation search, converting and writing the mixed model's
+0.68 GB of FP16 weights after the search was 31-39% of the search's own wall time (disk-bound: 0.4-1.5 GB/s on
+the same machine within a minute). Most of the final data file does not depend on the set the search finds: every
+weight an FP16 node reads is stored as its FP16 copy, and the final set keeps few nodes FP32. So a thread writes
+the weights of the all-FP16 mixed model, in their order and alignment, into the data file's temporary file while
+the search runs; at the end the writer reuses each weight found there by its name (the same name always holds
+the same bytes: a weight's FP16 copy has its own name, `fp16.mixed.fp16_name`) and appends the rest (the FP32
+weights of the FP32 set, small initializers) before the rename.
+
+When the bytes the final model does not read (FP16 copies of weights only the FP32 set reads) would pass
+`MAX_UNUSED_SHARE` of the file, the prewritten file is dropped and the data file written compactly as before. The
+file is all or nothing either way (`files.AtomicFile`); a killed run leaves only a temporary file that the next
+run removes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+from bisector.files import AtomicFile
+from bisector.model import weights as weight_store
+from bisector.model.catalog import Catalog
+
+log = logging.getLogger("bisector")
+
+ALIGN = 4096  # as onnx.save_model aligns external data, so that runtimes can map it
+MAX_UNUSED_SHARE = 0.2  # at most this share of a reused data file may be bytes the final model does not read
+
+
+def value_key(name: str, value) -> tuple:
+    """What a weight's bytes are known by: its name in the mixed model, element type and shape."""
+    return name, np.dtype(value.dtype).str, tuple(int(d) for d in np.shape(value))
+
+
+def key_bytes(key: tuple) -> int:
+    """The size of the weight `value_key` names."""
+    return np.dtype(key[1]).itemsize * int(np.prod(key[2], dtype=np.int64))
+
+
+class WeightPrewrite:
+    """Writes the all-FP16 mixed model's stub weights into a temporary data file on a thread (`start`), for
+    `artifacts.write` to finish (`take`) or drop (`discard`)."""
+
+    def __init__(self, catalog: Catalog, data_path: Path, values: Mapping[str, object]):
+        self.data_path = Path(data_path)
+        self._values = dict(values)  # name -> array or FP16Copy, in the mixed model's initializer order
+        self._file = AtomicFile(self.data_path)
+        self._offsets: dict[tuple, int] = {}
+        self._size = 0
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._write, name="bisector-prewrite", daemon=True)
+
+    @classmethod
+    def start(cls, catalog: Catalog, mixed_path: Path) -> "WeightPrewrite | None":
+        """Begin writing the data file of `mixed_path`'s mixed model, or None where that model would be one file
+        (its weights below `write.EXTERNAL_DATA_FROM_BYTES`: little to gain) or has no candidates."""
+        from bisector.artifacts.write import stays_one_file
+        from bisector.fp16.mixed import build_mixed_detached
+
+        if not catalog.candidates:
+            return None
+        try:
+            model, values = build_mixed_detached(catalog, frozenset())  # every candidate FP16
+        except Exception as exc:  # noqa: BLE001 - the writer after the search meets it again and reports it
+            log.debug("not prewriting the mixed model's weights: %s", exc)
+            return None
+        if stays_one_file(model, values):
+            return None
+        self = cls(catalog, Path(mixed_path).with_name(Path(mixed_path).name + ".data"), values)
+        self._thread.start()
+        return self
+
+    def _write(self) -> None:
+        f = self._file.sink
+        try:
+            names = list(self._values)
+            for name, raw in zip(names, weight_store.in_turn([self._values[n] for n in names])):
+                if self._stop.is_set():
+                    return
+                pad = (-self._size) % ALIGN
+                if pad:
+                    f.write(bytes(pad))
+                self._offsets[value_key(name, raw)] = self._size + pad
+                f.write(memoryview(raw.reshape(-1).view(np.uint8)))
+                self._size += pad + raw.nbytes
+        except BaseException as exc:  # noqa: BLE001 - reported by `take`, which then writes compactly
+            self._error = exc
+
+    def take(self) -> tuple[AtomicFile, dict[tuple, int], int] | None:
+        """Wait for the thread; the open file, its offsets by `value_key` and its size, or None (it failed: the
+        caller writes the file itself)."""
+        self._thread.join()
+        if self._error is not None or self._stop.is_set():
+            if self._error is not None:
+                log.debug("prewriting the mixed model's weights failed (%s); writing them now", self._error)
+            self.discard()
+            return None
+        return self._file, self._offsets, self._size
+
+    def discard(self) -> None:
+        """Stop the thread and remove the temporary file (idempotent)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        self._file.discard()
