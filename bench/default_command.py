@@ -78,7 +78,9 @@ def plain_inference(path: Path, ranges: dict, shapes: dict, tmp: Path) -> tuple[
     return seconds, peak_rss_mb(r.stderr), cold
 
 
-def default_command(path: Path, args: list[str], out: Path) -> tuple[float, float, int, str, int]:
+def default_command(path: Path, args: list[str], out: Path) -> tuple[float, float, int, str, int, float]:
+    """One default command: wall, peak RSS (MB), new evaluations, FP32 set, emulator runs, and the post-search
+    work (artifacts and picture, `timings` of constraints.json) as a share of the search's own wall time."""
     cmd = ["/usr/bin/time", "-v", *BISECTOR, "precision", str(path), "--fp16", *args, "-o", str(out), "--no-cache"]
     t = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
@@ -87,8 +89,10 @@ def default_command(path: Path, args: list[str], out: Path) -> tuple[float, floa
         raise RuntimeError(f"{' '.join(cmd)}: exit {r.returncode}\n{r.stderr[-3000:]}")
     c = json.loads((out / "constraints.json").read_text())
     runs = int(c["evaluations"].get("emulator_runs", 0))  # the predicted ranking's runs: not evaluations
+    t = c["timings"]
+    post = (t.get("artifacts", 0.0) + t.get("plot", 0.0)) / max(t["search"], 1e-9)
     return (wall, peak_rss_mb(r.stderr), int(c["evaluations"]["new"]),
-            f"{len(c['fp32_nodes'])} FP32" + (f"; + {runs} single-node runs" if runs else ""), runs)
+            f"{len(c['fp32_nodes'])} FP32" + (f"; + {runs} single-node runs" if runs else ""), runs, post)
 
 
 def unet_model(h: int = 384, w: int = 768, base: int = 16) -> onnx.ModelProto:
@@ -217,8 +221,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as td:
         tmp = Path(td)
         print("| model | nodes | one inference (warm; cold: load + run) | its peak RSS | evaluations | "
-              "default command wall (median) | peak RSS | (wall − 2 s) / (evals × inference): warm; cold | RSS ratio |")
-        print("|---|---|---|---|---|---|---|---|---|")
+              "default command wall (median) | peak RSS | (wall − 2 s) / (evals × inference): warm; cold | RSS ratio | "
+              "post-search / search |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         cases = models(tmp, a.large, a.diffuse) + (registry_cases() if a.registry else [])
         for name, path, args, ranges, shapes in cases:
             if a.only and not any(name.startswith(o) for o in a.only.split(",")):
@@ -230,11 +235,12 @@ def main() -> None:
             if shapes:
                 args = [*args, "--input-shapes", *(f"{k}:[{','.join(map(str, v))}]" for k, v in shapes.items())]
             infer_s, infer_rss, cold_s = plain_inference(path, ranges, shapes, tmp)
-            walls, rss = [], []
+            walls, rss, posts = [], [], []
             for i in range(a.repeats):
-                w, r, evals, fp32, runs = default_command(path, args, tmp / f"out{i}")
+                w, r, evals, fp32, runs, post = default_command(path, args, tmp / f"out{i}")
                 walls.append(w)
                 rss.append(r)
+                posts.append(post)
             wall = statistics.median(walls)
             nodes = len(onnx.load(str(path), load_external_data=False).graph.node)
             budget = max(0.0, wall - 2.0) / (evals * infer_s)
@@ -243,7 +249,7 @@ def main() -> None:
                         if runs else "")
             print(f"| {name} | {nodes} | {infer_s * 1e3:.1f} ms; {cold_s * 1e3:.0f} ms | {infer_rss:.0f} MB | "
                   f"{evals} ({fp32}) | {wall:.2f} s | {max(rss):.0f} MB | {budget:.2f}{per_work}; {budget_cold:.2f} | "
-                  f"{max(rss) / infer_rss:.2f} |", flush=True)
+                  f"{max(rss) / infer_rss:.2f} | {min(posts):.0%}–{max(posts):.0%} |", flush=True)
 
 
 if __name__ == "__main__":

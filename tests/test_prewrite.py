@@ -91,16 +91,19 @@ def test_a_failing_prewrite_falls_back_to_writing_after_the_search(tmp_path, sma
     cat = Catalog.load(CNN)
     plan = Plan(frozenset(), cat.candidates)
 
-    def broken(values):
-        yield np.zeros(1, np.float16)
-        raise OSError(28, "No space left on device")
+    real = prewrite.WeightPrewrite._put
+    calls = []
 
-    monkeypatch.setattr(weight_store, "in_turn", broken)
+    def put(self, f, name, raw):  # the disk fills up at the third weight, whichever thread writes it
+        calls.append(name)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+        real(self, f, name, raw)
+
+    monkeypatch.setattr(prewrite.WeightPrewrite, "_put", put)
     pre = prewrite.WeightPrewrite.start(cat, tmp_path / "m.onnx")
-    monkeypatch.undo()
-    monkeypatch.setattr(weight_store, "DETACH_MIN_BYTES", 64)
-    monkeypatch.setattr(write, "EXTERNAL_DATA_FROM_BYTES", 0)
     assert not _write(cat, plan, tmp_path / "m.onnx", pre)
+    assert len(calls) == 3
     onnx.checker.check_model(str(tmp_path / "m.onnx"))
     assert not _temporaries(tmp_path)
 
@@ -137,3 +140,38 @@ def test_no_mixed_drops_nothing_into_the_output_directory(tmp_path, small_extern
     assert main_cli("precision", CNN, "--fp16", "--atol", "1e-3", "-o", out, "--cache-dir", tmp_path / "c",
                     "--no-mixed") == 0
     assert not (out / "model.mixed.onnx.data").exists() and not _temporaries(out)
+
+
+def test_bisector_prewrite_0_writes_after_the_search(tmp_path, small_external, monkeypatch):
+    monkeypatch.setenv("BISECTOR_PREWRITE", "0")
+    assert prewrite.WeightPrewrite.start(Catalog.load(CNN), tmp_path / "m.onnx") is None
+    monkeypatch.setenv("BISECTOR_PREWRITE", "1")
+    pre = prewrite.WeightPrewrite.start(Catalog.load(CNN), tmp_path / "m.onnx")
+    assert pre is not None
+    pre.discard()
+
+
+def test_the_caller_finishes_what_the_thread_left(tmp_path, small_external, monkeypatch):
+    """`take` while the thread is still at its first weight: the caller's thread writes the rest, and the
+    mixed model is the one written after the search."""
+    import threading
+
+    cat = Catalog.load(CNN)
+    plan = Plan(frozenset(), cat.candidates)
+    gate, threads = threading.Event(), []
+    real = prewrite.WeightPrewrite._put
+
+    def put(self, f, name, raw):
+        threads.append(threading.current_thread().name)
+        if len(threads) == 1:
+            gate.wait(5)  # the thread holds its first weight until `take` has asked for the hand-over
+        real(self, f, name, raw)
+
+    monkeypatch.setattr(prewrite.WeightPrewrite, "_put", put)
+    pre = prewrite.WeightPrewrite.start(cat, tmp_path / "b.onnx")
+    threading.Timer(0.2, gate.set).start()
+    assert _write(cat, plan, tmp_path / "b.onnx", pre)
+    assert threads[0] == "bisector-prewrite" and set(threads[1:]) == {threading.current_thread().name}
+    (tmp_path / "a").mkdir()
+    _write(cat, plan, tmp_path / "a" / "b.onnx")
+    assert _content(tmp_path / "a" / "b.onnx") == _content(tmp_path / "b.onnx")

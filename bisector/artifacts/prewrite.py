@@ -18,6 +18,7 @@ run removes.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from pathlib import Path
 from typing import Mapping
@@ -25,6 +26,7 @@ from typing import Mapping
 import numpy as np
 
 from bisector.files import AtomicFile
+from bisector.fp16 import fastcast
 from bisector.model import weights as weight_store
 from bisector.model.catalog import Catalog
 
@@ -54,7 +56,9 @@ class WeightPrewrite:
         self._file = AtomicFile(self.data_path)
         self._offsets: dict[tuple, int] = {}
         self._size = 0
-        self._stop = threading.Event()
+        self._written = 0  # values written, in order
+        self._stop = threading.Event()  # discarded
+        self._handover = threading.Event()  # `take`: the caller's thread writes the rest
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._write, name="bisector-prewrite", daemon=True)
 
@@ -65,7 +69,7 @@ class WeightPrewrite:
         from bisector.artifacts.write import stays_one_file
         from bisector.fp16.mixed import build_mixed_detached
 
-        if not catalog.candidates:
+        if not catalog.candidates or os.environ.get("BISECTOR_PREWRITE", "1") == "0":  # =0: write after the search
             return None
         try:
             model, values = build_mixed_detached(catalog, frozenset())  # every candidate FP16
@@ -80,24 +84,38 @@ class WeightPrewrite:
 
     def _write(self) -> None:
         f = self._file.sink
+        _lower_priority()
         try:
-            names = list(self._values)
-            for name, raw in zip(names, weight_store.in_turn([self._values[n] for n in names])):
-                if self._stop.is_set():
-                    return
-                pad = (-self._size) % ALIGN
-                if pad:
-                    f.write(bytes(pad))
-                self._offsets[value_key(name, raw)] = self._size + pad
-                f.write(memoryview(raw.reshape(-1).view(np.uint8)))
-                self._size += pad + raw.nbytes
+            with fastcast.on_this_thread():
+                for name, value in self._values.items():
+                    if self._stop.is_set() or self._handover.is_set():
+                        return
+                    self._put(f, name, np.ascontiguousarray(np.asarray(value)))
         except BaseException as exc:  # noqa: BLE001 - reported by `take`, which then writes compactly
             self._error = exc
 
+    def _put(self, f, name: str, raw: np.ndarray) -> None:
+        pad = (-self._size) % ALIGN
+        if pad:
+            f.write(bytes(pad))
+        f.write(memoryview(raw.reshape(-1).view(np.uint8)))
+        self._offsets[value_key(name, raw)] = self._size + pad
+        self._size += pad + raw.nbytes
+        self._written += 1
+
     def take(self) -> tuple[AtomicFile, dict[tuple, int], int] | None:
-        """Wait for the thread; the open file, its offsets by `value_key` and its size, or None (it failed: the
-        caller writes the file itself)."""
+        """The finished file: the thread hands over after its current weight, and the caller's thread writes the
+        rest at normal priority, converting one ahead (`weights.in_turn`). Returns the open file, its offsets by
+        `value_key` and its size; None where writing failed (the caller then writes the data file itself)."""
+        self._handover.set()
         self._thread.join()
+        if self._error is None and not self._stop.is_set():
+            names = list(self._values)[self._written:]
+            try:
+                for name, raw in zip(names, weight_store.in_turn([self._values[n] for n in names])):
+                    self._put(self._file.sink, name, raw)
+            except Exception as exc:  # noqa: BLE001 - the writer after the search meets it again and reports it
+                self._error = exc
         if self._error is not None or self._stop.is_set():
             if self._error is not None:
                 log.debug("prewriting the mixed model's weights failed (%s); writing them now", self._error)
@@ -111,3 +129,13 @@ class WeightPrewrite:
         if self._thread.is_alive():
             self._thread.join()
         self._file.discard()
+
+
+def _lower_priority() -> None:
+    """This thread (only: Linux schedules threads by their own ids) at the lowest priority, so that the search's
+    threads keep the cores and the prewrite takes what they leave: on 2 cores at normal priority it slowed the
+    search by about as much as it saved after it (docs/benchmarks.md)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (AttributeError, OSError):  # not Linux, or not allowed: a normal-priority thread still works
+        pass

@@ -13,15 +13,28 @@ import threading
 
 import numpy as np
 
-_SESSIONS: dict[str, object] = {}
+_SESSIONS: dict[tuple[str, bool], object] = {}
 _LOCK = threading.Lock()
+_LOCAL = threading.local()
+
+
+class on_this_thread:
+    """Within this block, conversions on this thread run on it alone (a one-thread session: ORT then computes on
+    the caller's thread, not on its pool's), so that a background thread's lowered priority covers them."""
+
+    def __enter__(self) -> None:
+        _LOCAL.alone = True
+
+    def __exit__(self, *exc) -> None:
+        _LOCAL.alone = False
 
 
 def _session(kind: str):
-    sess = _SESSIONS.get(kind)
+    key = (kind, bool(getattr(_LOCAL, "alone", False)))
+    sess = _SESSIONS.get(key)
     if sess is None:
         with _LOCK:
-            sess = _SESSIONS.get(kind)
+            sess = _SESSIONS.get(key)
             if sess is None:
                 import onnxruntime as ort
                 from onnx import TensorProto, helper
@@ -37,12 +50,12 @@ def _session(kind: str):
                                           [helper.make_tensor_value_info("y", out, None)])
                 model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
                 opts = ort.SessionOptions()
-                opts.intra_op_num_threads = usable_cores()
+                opts.intra_op_num_threads = 1 if key[1] else usable_cores()
                 opts.log_severity_level = 3
                 opts.enable_cpu_mem_arena = False  # an arena would keep the largest weight's buffers for good
                 # the Cast pair is the point: no optimiser may fold it away
                 opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-                sess = _SESSIONS[kind] = ort.InferenceSession(model.SerializeToString(), opts,
+                sess = _SESSIONS[key] = ort.InferenceSession(model.SerializeToString(), opts,
                                                               providers=["CPUExecutionProvider"])
     return sess
 
