@@ -175,3 +175,28 @@ def test_the_caller_finishes_what_the_thread_left(tmp_path, small_external, monk
     (tmp_path / "a").mkdir()
     _write(cat, plan, tmp_path / "a" / "b.onnx")
     assert _content(tmp_path / "a" / "b.onnx") == _content(tmp_path / "b.onnx")
+
+
+def test_the_prewrite_lowers_its_own_threads_priority_only(tmp_path, small_external):
+    import os
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("per-thread priorities are Linux's")
+    seen = {}
+    real = prewrite._lower_priority
+
+    def lower():
+        real()
+        import threading
+
+        seen["thread"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    import unittest.mock
+
+    with unittest.mock.patch.object(prewrite, "_lower_priority", lower):
+        pre = prewrite.WeightPrewrite.start(Catalog.load(CNN), tmp_path / "m.onnx")
+        pre._thread.join()
+    pre.discard()
+    assert seen["thread"] == 19 and os.getpriority(os.PRIO_PROCESS, 0) == before

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 from pathlib import Path
 from typing import Mapping
@@ -135,7 +136,9 @@ def _lower_priority() -> None:
     """This thread (only: Linux schedules threads by their own ids) at the lowest priority, so that the search's
     threads keep the cores and the prewrite takes what they leave: on 2 cores at normal priority it slowed the
     search by about as much as it saved after it (docs/benchmarks.md)."""
+    if not sys.platform.startswith("linux"):  # elsewhere a thread id is no process id: renicing it could hit another
+        return
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-    except (AttributeError, OSError):  # not Linux, or not allowed: a normal-priority thread still works
+    except OSError:  # not allowed: a normal-priority thread still works
         pass
