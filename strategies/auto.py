@@ -565,7 +565,8 @@ class Auto(GroupTesting):
         rank = list(rank)
         if len(rank) != len(cands) or set(rank) != set(cands):
             return None
-        self._model = model if callable(getattr(model, "eliminate", None)) else None
+        # kept only when used: it holds the n x k squared errors (up to ~10 MB) for the rest of the search
+        self._model = model if self.predicted_shrink and callable(getattr(model, "eliminate", None)) else None
         n = len(rank)
         return {x: float(n - i) for i, x in enumerate(rank)}
 

@@ -134,13 +134,13 @@ def _ranking(oracle: Any, backend: Any, first: Sequence[str], excess: Any, top: 
     else:
         z = _at_risk(vector, n, size, k)
     q = z.astype(np.float64) ** 2
-    del z
     margin = float(tol.margin or 1.0)
     start = excess / margin if isinstance(excess, (int, float)) else None  # units: |z| <= 1 passes
     fp32 = [i for i, x in enumerate(cands) if x in set(first)]
     order, predicted = _greedy(q, fp32, start)
-    model = Prediction(cands, q.astype(np.float32), margin)
     del q
+    np.square(z, out=z)  # the model keeps z's own buffer (n x k float32): no allocation beyond the ranking's
+    model = Prediction(cands, z, margin)
     if start is not None:
         model.calibrate(first, excess)
     if stats is not None:
