@@ -326,7 +326,7 @@ def test_predicted_ranking_carries_its_model_calibrated_on_the_real_excess():
 
 
 def _rss_additive(w: dict[str, float], t: float):
-    """Passes iff Σ_FP16 w ≤ t; excess sqrt(Σ_FP16 w / t): exactly the root-sum-square model with z_i² = w_i / t."""
+    """Passes iff Σ_FP16 w ≤ t; excess sqrt(Σ_FP16 w / t): exactly the root-sum-square model, z_i² = w_i / t."""
     def f(s):
         return sum(v for x, v in w.items() if x not in s) <= t
 

@@ -207,8 +207,9 @@ class Prediction:
     def eliminate(self, fp32, budget: float | None = None) -> list[tuple[str, float]]:
         """Backward elimination: from the plan keeping ``fp32`` FP32, move its members to FP16 one at a time,
         each time the one whose move raises the predicted violation least (Σ_elements relu(pred² − budget²);
-        while nothing is violated, the least Σ_elements z_i² / room left: the scarce elements weigh more); returns (member, predicted excess after the move) in
-        that order, for every member. ``budget`` (the excess the search may spend, default ``margin``)."""
+        while nothing is violated, the least Σ_elements z_i² / room left: the scarce elements weigh more).
+        Returns (member, predicted excess after the move) for every member, in that order. ``budget``: the
+        excess the search may spend (default ``margin``)."""
         members = [self.index[x] for x in dict.fromkeys(fp32) if x in self.index]
         if not members:
             return []
