@@ -33,7 +33,11 @@ A strategy is a class constructible with no arguments (options are keyword argum
   offers it with elementwise checks on every backend (bisector/search/vector_ranking.py: one CPU emulator run per
   candidate alone in FP16 — on a device backend an emulator of the same model, the device judging every plan —
   not evaluations, but not free: call it only when the ranking is needed; bounded by --time-limit). ``auto``
-  calls it once, when its search turns diffuse.
+  calls it once, when its search turns diffuse. The driver's list also carries the model behind it as
+  ``ranking.model`` (bisector.search.vector_ranking.Prediction; absent from other providers: check with
+  ``getattr``): ``model.excess(fp32)`` predicts any plan's excess, ``model.calibrate(fp32, excess)`` rescales it
+  to a real verdict, ``model.eliminate(fp32)`` orders a set's members by predicted harm
+  (``Auto(predicted_shrink=True)``).
 
 Nothing here imports ONNX: strategies only see names.
 """

@@ -112,7 +112,12 @@ class Auto(GroupTesting):
     since docs/benchmarks.md, "Issue 15, sixth round": on real models and generated transformers every set the
     same, 8–56 evaluations fewer where the search falls back, one more where it does not); ``use_prediction`` —
     rank by the ``predicted_ranking`` hint when it is offered, instead of probing (default True since
-    docs/benchmarks.md, "Issue 15, seventh round"; the hint is asked only when the search turns diffuse).
+    docs/benchmarks.md, "Issue 15, seventh round"; the hint is asked only when the search turns diffuse);
+    ``predicted_shrink`` — when the ranking carries its model (``ranking.model``, a
+    bisector.search.vector_ranking.Prediction), recalibrate it on the passing prefix's real excess and shrink in
+    the order of backward elimination under it (least predicted harm first) instead of reverse rank order (off:
+    docs/benchmarks.md, "Issue 15, eighth round": smaller sets on three of four tuning cases, but more
+    evaluations on three of them).
     """
 
     name = "auto"
@@ -137,6 +142,7 @@ class Auto(GroupTesting):
         group_removals: bool = True,
         early_fallback: int = 8,
         use_prediction: bool = True,
+        predicted_shrink: bool = False,
     ) -> None:
         super().__init__(prior_decay, use_scores, power_of_two, smart_split, prior_power)
         self.diffuse_after = diffuse_after
@@ -152,6 +158,8 @@ class Auto(GroupTesting):
         self.group_removals = group_removals
         self.early_fallback = early_fallback
         self.use_prediction = use_prediction
+        self.predicted_shrink = predicted_shrink
+        self._model: object = None
 
     # ------------------------------------------------------------------ search
     def search(
@@ -455,6 +463,7 @@ class Auto(GroupTesting):
 
             return list(found) + sorted((x for x in cands if x not in head), key=key)
 
+        self._model = None
         if scores is None and self.use_prediction:
             scores = self._predicted(ask, cands, found, hints)
         if scores is None:
@@ -517,6 +526,8 @@ class Auto(GroupTesting):
             removal = sorted(half, key=lambda x: (-costs[x], -pos[x])) + bottom[len(half) :]
         # Only the lowest-ranked part of the prefix is worth trying one by one: every removal that passes after
         # a failed one makes that failed check stale, and the literal 1-minimality check re-asks the rest anyway.
+        if self.predicted_shrink and self._model is not None:
+            removal = self._predicted_order(ask, self._model, prefix, removal)
         if self.shrink == "groups":
             result = group_reduce(ask, prefix, removal)
             result = self._one_minimal(ask, result, list(reversed(removal)))
@@ -550,11 +561,30 @@ class Auto(GroupTesting):
             return None
         if rank is None:
             return None
+        model = getattr(rank, "model", None)
         rank = list(rank)
         if len(rank) != len(cands) or set(rank) != set(cands):
             return None
+        # kept only when used: it holds the n x k squared errors (up to ~10 MB) for the rest of the search
+        self._model = model if self.predicted_shrink and callable(getattr(model, "eliminate", None)) else None
         n = len(rank)
         return {x: float(n - i) for i, x in enumerate(rank)}
+
+    def _predicted_order(self, ask: Asker, model, prefix: frozenset[str], removal: list[str]) -> list[str]:
+        """``predicted_shrink``: the shrink's removal order from the model behind the predicted ranking,
+        recalibrated on the passing prefix's real excess (with the ``excess`` hint): backward elimination under
+        the model (``Prediction.eliminate``: least predicted harm given the members already moved to FP16 first),
+        then any member it does not know in the usual order. No evaluation is spent on it."""
+        try:
+            e = ask.excess(prefix)
+            if e is not None:
+                model.calibrate(prefix, e)
+            seq = [x for x, _ in model.eliminate(prefix)]
+        except Exception:  # noqa: BLE001 - a hint's model, never a reason to fail the search
+            return removal
+        order = [x for x in dict.fromkeys(seq) if x in prefix]
+        seen = set(order)
+        return order + [x for x in removal if x not in seen]
 
     def _probe_count(self, n: int, scores: object) -> int:
         if scores is not None:

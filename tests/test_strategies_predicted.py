@@ -275,3 +275,112 @@ def test_a_device_backend_gets_the_ranking_from_the_emulator():
             emulate_backend.EmulateBackend.close = real_close
     finally:
         job.close()
+
+
+# ---------------------------------------------------------------- issue 15, eighth round: the model behind the ranking
+from bisector.search.vector_ranking import Prediction, Ranking  # noqa: E402
+
+
+def test_prediction_is_the_root_sum_square_of_the_fp16_nodes_and_calibrates_to_a_real_excess():
+    z = np.array([[3.0, 0.0, 1.0], [0.0, 2.0, 1.0], [1.0, 1.0, 0.0], [0.5, 0.0, 0.5]])
+    names_ = ["a", "b", "c", "d"]
+    m = Prediction(names_, z**2, margin=2.0)
+    for fp32 in [(), ("a",), ("b", "c"), ("a", "b", "c", "d"), ("d", "x")]:  # "x": not a candidate, ignored
+        fp16 = [i for i, x in enumerate(names_) if x not in fp32]
+        want = float(np.sqrt((z[fp16] ** 2).sum(0).max(initial=0.0))) * 2.0
+        assert m.excess(frozenset(fp32)) == pytest.approx(want)
+    assert m.excess(names_) == 0.0
+    assert m.calibrate({"a"}, 7.0) and m.excess({"a"}) == pytest.approx(7.0)
+    # the scale carries over to every plan: without a the largest column sum is 4 + 1 = 5, with it 9 + 1 + 0.25
+    assert m.excess(()) == pytest.approx(7.0 * np.sqrt(10.25) / np.sqrt(5.0))
+    scale = m.scale
+    assert not m.calibrate({"a"}, float("inf")) and not m.calibrate(names_, 1.0) and m.scale == scale
+
+
+def test_elimination_moves_the_members_that_cost_nothing_first_and_the_heaviest_last():
+    q = np.array([[9.0, 0.0], [0.0, 0.0], [0.0, 4.0], [0.01, 0.0], [0.0, 0.0]])
+    m = Prediction(["a", "b", "c", "d", "e"], q)
+    seq = m.eliminate({"a", "b", "c", "d", "e"})
+    order = [x for x, _ in seq]
+    assert set(order[:2]) == {"b", "e"} and order[2] == "d" and order[-1] == "a"
+    assert [e for _, e in seq][:2] == [0.0, 0.0] and seq[-1][1] == pytest.approx(np.sqrt(9.01))  # all FP16
+    assert m.eliminate(()) == []
+
+
+def test_predicted_ranking_carries_its_model_calibrated_on_the_real_excess():
+    job = _job()
+    try:
+        oracle = job.oracle()
+        planted = json.loads((ROOT / "fixtures" / "planted.json").read_text())["fp32_nodes"]
+        real = oracle.evaluate(frozenset(planted)).excess  # all-FP16's is inf here: no calibration from it
+        assert 0 < real <= 1.0
+        rank = predicted_ranking(oracle, planted, real, min_elements=0)
+        assert isinstance(rank, Ranking) and isinstance(rank, list) and isinstance(rank.model, Prediction)
+        assert rank[:7] == planted and rank.model.excess(frozenset(planted)) == pytest.approx(real, rel=1e-5)
+        assert rank.model.excess(frozenset()) > rank.model.margin  # all-FP16 is predicted to fail
+        uncalibrated = predicted_ranking(oracle, planted, None, min_elements=0).model
+        assert uncalibrated.scale == 1.0 and uncalibrated.excess(frozenset(planted)) > 0
+        assert rank.model.q.shape[0] == len(oracle.candidates) and rank.model.q.dtype == np.float32
+    finally:
+        job.close()
+
+
+def _rss_additive(w: dict[str, float], t: float):
+    """Passes iff Σ_FP16 w ≤ t; excess sqrt(Σ_FP16 w / t): exactly the root-sum-square model, z_i² = w_i / t."""
+    def f(s):
+        return sum(v for x, v in w.items() if x not in s) <= t
+
+    f.excess = lambda s: float(np.sqrt(sum(v for x, v in w.items() if x not in frozenset(s)) / t))
+    return f
+
+
+def _model_hint(cands, order, q):
+    model_q = np.asarray(q, np.float64).reshape(len(cands), -1)
+
+    def hint(first=(), excess=None):
+        m = Prediction(cands, model_q)
+        if callable(excess):
+            m.calibrate(frozenset(first), excess())
+        return Ranking(list(first) + [x for x in order if x not in set(first)], m)
+
+    return hint
+
+
+def test_auto_with_an_exact_model_behind_a_poor_ranking_shrinks_to_a_smaller_set_for_fewer_evaluations():
+    """The ranking is half right (its prefix holds many light nodes); the model is exact. Shrinking in the model's
+    elimination order reaches the optimum, in fewer evaluations than shrinking in reverse rank order."""
+    wins = 0
+    for seed in range(4):
+        cands, w, t = additive_case(200, 1.0, 0.25, seed)
+        f = _rss_additive(w, t)
+        rng = np.random.default_rng(seed)
+        noisy_order = sorted(cands, key=lambda x: -w[x] * rng.lognormal(0.0, 1.5))
+        hint = _model_hint(cands, noisy_order, [w[x] / t for x in cands])
+        sizes, evals = [], []
+        for on in (False, True):
+            o = _Recorder(f)
+            got = Auto(predicted_shrink=on).search(cands, o, predicted_ranking=hint, excess=_excess_hint(f, o))
+            assert f(got) and is_one_minimal(f, got)
+            sizes.append(len(got))
+            evals.append(o.distinct)
+        assert sizes[1] <= sizes[0]
+        wins += evals[1] < evals[0]
+    assert wins >= 3
+
+
+def test_a_wrong_model_or_none_still_ends_passing_and_one_minimal():
+    for seed in range(3):
+        cands, w, t = additive_case(150, 1.0, 0.25, seed)
+        f = additive(w, t)
+        order = sorted(cands, key=lambda x: -w[x])
+        rng = np.random.default_rng(seed)
+        wrong = _model_hint(cands, order, rng.random((len(cands), 8)))
+        o = _Recorder(f)
+        got = Auto(predicted_shrink=True).search(cands, o, predicted_ranking=wrong, excess=_excess_hint(f, o))
+        assert f(got) and is_one_minimal(f, got)
+        # a ranking without a model (a plain list): the option changes nothing, call for call
+        plain = _heaviest_first(w)
+        a, b = _Recorder(f), _Recorder(f)
+        Auto(predicted_shrink=True).search(cands, a, predicted_ranking=plain, excess=_excess_hint(f, a))
+        Auto().search(cands, b, predicted_ranking=plain, excess=_excess_hint(f, b))
+        assert a.asked == b.asked

@@ -134,13 +134,105 @@ def _ranking(oracle: Any, backend: Any, first: Sequence[str], excess: Any, top: 
     else:
         z = _at_risk(vector, n, size, k)
     q = z.astype(np.float64) ** 2
-    start = excess / (tol.margin or 1.0) if isinstance(excess, (int, float)) else None  # units: |z| <= 1 passes
-    order, predicted = _greedy(q, [i for i, x in enumerate(cands) if x in set(first)], start)
+    margin = float(tol.margin or 1.0)
+    start = excess / margin if isinstance(excess, (int, float)) else None  # units: |z| <= 1 passes
+    fp32 = [i for i, x in enumerate(cands) if x in set(first)]
+    order, predicted = _greedy(q, fp32, start)
+    del q
+    np.square(z, out=z)  # the model keeps z's own buffer (n x k float32): no allocation beyond the ranking's
+    model = Prediction(cands, z, margin)
+    if start is not None:
+        model.calibrate(first, excess)
     if stats is not None:
         stats.update(runs=runs[0], seconds=time.perf_counter() - t0, predicted_prefix=predicted)
     head = [x for x in first if x in everything]
     seen = set(head)
-    return head + [cands[i] for i in order if cands[i] not in seen]
+    return Ranking(head + [cands[i] for i in order if cands[i] not in seen], model)
+
+
+class Ranking(list):
+    """The predicted ranking (a plain list of names) with the model behind it as ``model`` (a :class:`Prediction`):
+    a strategy that only orders uses the list; one that wants the model's forecast of a plan asks ``model``."""
+
+    def __init__(self, names: Sequence[str], model: "Prediction | None" = None) -> None:
+        super().__init__(names)
+        self.model = model
+
+
+class Prediction:
+    """The root-sum-square model of the module note, for any plan: ``excess(fp32)`` is the predicted excess
+    (error / tolerance, the ``excess`` hint's units: above ``margin`` fails) of the plan keeping ``fp32`` in FP32,
+    c·sqrt(max over the kept elements of Σ_{i FP16} z_i²)·margin. Holds the n × k squared errors at the kept
+    elements (float32: 600 × 4096 is 9.8 MB) and the scale c², set by ``calibrate`` from one real excess (the
+    ranking's own calibration when it had one, else 1: uncalibrated). Only names cross this interface."""
+
+    def __init__(self, names: Sequence[str], q: np.ndarray, margin: float = 1.0, scale: float = 1.0) -> None:
+        self.names = list(names)
+        self.index = {x: i for i, x in enumerate(self.names)}
+        self.q = np.ascontiguousarray(q, np.float32)  # squared normalised errors, nodes x kept elements
+        self.margin = float(margin)
+        self.scale = float(scale)  # c²
+        self._all = self.q.sum(0, dtype=np.float64)
+
+    def _mask(self, fp32) -> np.ndarray:
+        keep = np.zeros(len(self.names), bool)
+        idx = [self.index[x] for x in fp32 if x in self.index]
+        keep[idx] = True
+        return keep
+
+    def load(self, fp32) -> np.ndarray:
+        """Σ_{i FP16} z_i² per kept element (unscaled), float64."""
+        keep = self._mask(fp32)
+        if keep.sum() * 2 < len(keep):
+            return np.maximum(self._all - self.q[keep].sum(0, dtype=np.float64), 0.0)
+        return self.q[~keep].sum(0, dtype=np.float64)
+
+    def raw(self, fp32) -> float:
+        """The uncalibrated excess in units of |z| (c = 1, no margin)."""
+        return float(np.sqrt(self.load(fp32).max(initial=0.0)))
+
+    def excess(self, fp32) -> float:
+        """The predicted excess of the plan keeping ``fp32`` FP32 (above ``margin``: predicted to fail)."""
+        return float(np.sqrt(self.scale) * self.raw(fp32) * self.margin)
+
+    def calibrate(self, fp32, excess: float) -> bool:
+        """Scale the model so that its excess of ``fp32`` is ``excess`` (a real one); False (unchanged) when
+        either is not a positive finite number."""
+        raw = self.raw(fp32)
+        if not (isinstance(excess, (int, float)) and np.isfinite(excess) and excess > 0 and raw > 0):
+            return False
+        self.scale = float((excess / self.margin / raw) ** 2)
+        return True
+
+    def eliminate(self, fp32, budget: float | None = None) -> list[tuple[str, float]]:
+        """Backward elimination: from the plan keeping ``fp32`` FP32, move its members to FP16 one at a time,
+        each time the one whose move raises the predicted violation least (Σ_elements relu(pred² − budget²);
+        while nothing is violated, the least Σ_elements z_i² / room left: the scarce elements weigh more).
+        Returns (member, predicted excess after the move) for every member, in that order. ``budget``: the
+        excess the search may spend (default ``margin``)."""
+        members = [self.index[x] for x in dict.fromkeys(fp32) if x in self.index]
+        if not members:
+            return []
+        total = self.load(fp32) * self.scale
+        limit = (budget if budget is not None else self.margin) / self.margin
+        lim2 = limit * limit
+        rows = self.q[members].astype(np.float64) * self.scale
+        left = list(range(len(members)))
+        out: list[tuple[str, float]] = []
+        while left:
+            sub = rows[left]
+            value = np.empty(len(left))
+            room = lim2 - total
+            weight = 1.0 / np.maximum(room, 1e-3 * lim2)  # scarce elements weigh more (a knapsack's greedy)
+            for at in range(0, len(left), 64):
+                t = total[None, :] + sub[at : at + 64]
+                value[at : at + 64] = (np.maximum(t - lim2, 0.0).sum(1) * 1e6
+                                       + (sub[at : at + 64] * weight[None, :]).sum(1))
+            j = int(np.argmin(value))
+            total = total + sub[j]
+            out.append((self.names[members[left[j]]], float(np.sqrt(total.max(initial=0.0)) * self.margin)))
+            left.pop(j)
+        return out
 
 
 def _at_risk(vector, n: int, size: int, k: int) -> np.ndarray:
