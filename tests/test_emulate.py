@@ -112,3 +112,27 @@ def test_canary_failure_is_exit_3(monkeypatch, tmp_path):
                  "-o", str(tmp_path / "o"), "--cache-dir", str(tmp_path / "c")])
     assert code == 3
     assert not (tmp_path / "o" / "constraints.json").exists()
+
+
+def test_one_off_plans_run_the_same_and_leave_no_block_variants_behind():
+    """The predicted ranking's single-node plans: inside `one_off_plans` their block variants are used and
+    freed (all-FP32 ones kept), the outputs are the same, and the executor keeps variants again after."""
+    from bisector.model.inputs import generate_inputs
+
+    cat = Catalog.load(PLANTED)
+    be = EmulateBackend()
+    be.open(cat)
+    feeds = generate_inputs(cat, {"x": (0.0, 1.0)}, {})[0]
+    everything = frozenset(cat.candidates)
+    be.run(Plan(everything, cat.candidates), feeds)  # the reference and the all-FP32 variants
+    kept = set(be.executor._sessions)
+    single = [Plan(everything - {n}, cat.candidates) for n in cat.candidates[:12]]
+    with be.one_off_plans():
+        inside = [be.run(p, feeds) for p in single]
+        assert set(be.executor._sessions) == kept
+    assert be.executor.keep_variants
+    outside = [be.run(p, feeds) for p in single]
+    assert len(be.executor._sessions) > len(kept)
+    for a, b in zip(inside, outside):
+        for name in a:
+            np.testing.assert_array_equal(a[name], b[name])

@@ -384,3 +384,37 @@ def test_a_wrong_model_or_none_still_ends_passing_and_one_minimal():
         Auto(predicted_shrink=True).search(cands, a, predicted_ranking=plain, excess=_excess_hint(f, a))
         Auto().search(cands, b, predicted_ranking=plain, excess=_excess_hint(f, b))
         assert a.asked == b.asked
+
+
+def _greedy_by_definition(q: np.ndarray, first: list[int], start: float | None) -> list[int]:
+    """The greedy order as its docstring defines it, every column every step (the pre-optimisation code)."""
+    n = q.shape[0]
+    fp16 = np.ones(n, bool)
+    fp16[first] = False
+    total = q[fp16].sum(0)
+    scale = (start / np.sqrt(total.max())) ** 2 if start else 1.0
+    q, total, order = q * scale, total * scale, []
+    while fp16.any():
+        idx = np.flatnonzero(fp16)
+        rest = np.sqrt(np.maximum(total[None, :] - q[idx], 0.0))
+        if np.sqrt(total.max()) > 1:
+            value = np.maximum(rest - 1.0, 0.0).sum(1) + 1e-9 * (rest ** 2).sum(1)
+        else:
+            value = (rest ** 2).sum(1)
+        j = int(idx[int(np.argmin(value))])
+        fp16[j] = False
+        order.append(j)
+        total = np.maximum(total - q[j], 0.0)
+    return order
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_greedy_computes_only_violated_columns_and_keeps_the_definitions_order(seed):
+    rng = np.random.default_rng(seed)
+    n, k = rng.integers(5, 80), rng.integers(1, 300)
+    q = rng.lognormal(0, 1.5, (n, 1)) * rng.exponential(1.0, (n, k)) * rng.lognormal(0, 1, (1, k))
+    for start in (None, 2.0, 20.0):
+        first = sorted(rng.choice(n, size=int(rng.integers(0, 3)), replace=False).tolist())
+        order, predicted = _greedy(q.copy(), first, start)
+        assert order == _greedy_by_definition(q.copy(), first, start)
+        assert set(order) == set(range(n)) - set(first)

@@ -10,9 +10,10 @@ built once per node, not once per plan.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
-from typing import Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 import onnxruntime as ort
@@ -66,6 +67,17 @@ class EmulateBackend:
         if self.executor is None or self.executor.storage != "fp16":
             return {}
         return dict(self.executor._converted.items())
+
+    @contextlib.contextmanager
+    def one_off_plans(self) -> Iterator[None]:
+        """Plans run inside this block are not asked again (the predicted ranking's single-node plans): the block
+        sessions built for them are freed after their run instead of kept (bisector.search.vector_ranking)."""
+        executor = self.executor
+        before, executor.keep_variants = executor.keep_variants, False
+        try:
+            yield
+        finally:
+            executor.keep_variants = before
 
     def close(self) -> None:
         self.executor = None
