@@ -150,14 +150,12 @@ def _external_files(model: onnx.ModelProto, values: dict, path: Path,
         del init.external_data[:]
         for key, value in (("location", data_path.name), ("offset", str(at)), ("length", str(raw.nbytes))):
             init.external_data.add(key=key, value=value)
-    if model.ByteSize() > _catalog.PROTOBUF_LIMIT:
-        if into is not None:
-            into.discard()
-        raise UsageError("the mixed model is beyond 2 GB even without its weights; it cannot be saved as ONNX")
     try:
+        if model.ByteSize() > _catalog.PROTOBUF_LIMIT:
+            raise UsageError("the mixed model is beyond 2 GB even without its weights; it cannot be saved as ONNX")
         _check_without_external_data(model)
     except BaseException:
-        if into is not None:
+        if into is not None:  # the prewritten file goes with the model that cannot be written
             into.discard()
         raise
     model_bytes = model.SerializeToString()
