@@ -51,7 +51,7 @@ class WeightPrewrite:
     """Writes the all-FP16 mixed model's stub weights into a temporary data file on a thread (`start`), for
     `artifacts.write` to finish (`take`) or drop (`discard`)."""
 
-    def __init__(self, catalog: Catalog, data_path: Path, values: Mapping[str, object]):
+    def __init__(self, data_path: Path, values: Mapping[str, object]):
         self.data_path = Path(data_path)
         self._values = dict(values)  # name -> array or FP16Copy, in the mixed model's initializer order
         self._file = AtomicFile(self.data_path)
@@ -79,7 +79,7 @@ class WeightPrewrite:
             return None
         if stays_one_file(model, values):
             return None
-        self = cls(catalog, Path(mixed_path).with_name(Path(mixed_path).name + ".data"), values)
+        self = cls(Path(mixed_path).with_name(Path(mixed_path).name + ".data"), values)
         self._thread.start()
         return self
 
