@@ -311,7 +311,9 @@ def _greedy(q: np.ndarray, first: list[int], start: float | None) -> tuple[list[
     n = q.shape[0]
     fp16 = np.ones(n, bool)
     fp16[first] = False
-    total = q[fp16].sum(0)
+    total = np.zeros(q.shape[1])
+    for i in np.flatnonzero(fp16):  # row by row, as q[fp16].sum(0) adds them, without its n x k copy
+        total += q[i]
     if start is not None and np.isfinite(start) and start > 0 and total.max() > 0:
         total_scale = (start / np.sqrt(total.max())) ** 2  # c²: the model's excess of the start = the real one
     else:
