@@ -408,7 +408,7 @@ def _text_image(path: Path, h: int = 320, w: int = 640, seed: int = 0) -> Path |
 def _with_excess(oracle):
     """`oracle.passes` carrying the driver's `excess` and `predicted_ranking` hints (the latter records its
     single-node emulator runs and seconds in `passes.prediction_stats`, one dict per call)."""
-    from bisector.search.vector_ranking import predicted_ranking
+    from bisector.search.vector_ranking import predicted_ranking, rankable
 
     def passes(s: frozenset[str]) -> bool:
         return oracle.passes(s)
@@ -423,6 +423,7 @@ def _with_excess(oracle):
         return predicted_ranking(oracle, list(first), excess, stats=stats)
 
     passes.excess = excess  # type: ignore[attr-defined]
+    predicted.available = rankable(oracle)  # type: ignore[attr-defined]  # as the driver's hint says it
     passes.predicted_ranking = predicted  # type: ignore[attr-defined]
     passes.prediction_stats = []  # type: ignore[attr-defined]
     return passes

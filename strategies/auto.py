@@ -143,6 +143,7 @@ class Auto(GroupTesting):
         early_fallback: int = 8,
         use_prediction: bool = True,
         predicted_shrink: bool = False,
+        diffuse_after_ranked: int = 8,
     ) -> None:
         super().__init__(prior_decay, use_scores, power_of_two, smart_split, prior_power)
         self.diffuse_after = diffuse_after
@@ -159,6 +160,8 @@ class Auto(GroupTesting):
         self.early_fallback = early_fallback
         self.use_prediction = use_prediction
         self.predicted_shrink = predicted_shrink
+        self.diffuse_after_ranked = diffuse_after_ranked
+        self._switch_after = diffuse_after
         self._model: object = None
 
     # ------------------------------------------------------------------ search
@@ -173,6 +176,10 @@ class Auto(GroupTesting):
         if not cands:
             return frozenset()
         self._estimated = False
+        # A predicted ranking replaces the probes' 16-64 evaluations with one: switching sooner pays there
+        ranked = (self.use_prediction and hints.get("scores") is None
+                  and getattr(hints.get("predicted_ranking"), "available", False))
+        self._switch_after = self.diffuse_after_ranked if ranked and self.diffuse_after else self.diffuse_after
         order = self._order(cands, hints.get("scores"))
         found: list[str] = []
         undecided: list[str] = list(order)
@@ -200,7 +207,7 @@ class Auto(GroupTesting):
         (same answers, same calls) up to gt's culprits, which are then made 1-minimal with the cyclic check.
         Costs gt's search plus the probes and prefix steps spent (tested). In parallel rounds the replay may group
         its tests differently (the memo already holds the probes' sets)."""
-        saved, self.diffuse_after = self.diffuse_after, 0
+        saved, self._switch_after = self._switch_after, 0
         found: list[str] = []
         undecided = list(order)
         try:
@@ -208,7 +215,7 @@ class Auto(GroupTesting):
         except _AllFail:
             return frozenset(cands)
         finally:
-            self.diffuse_after = saved
+            self._switch_after = saved
         # gt's culprits, made 1-minimal the way the ranked search does it (cyclic: the literal check once, not
         # after every removal), which is what a non-monotone oracle's many late removals cost least with
         ask.phase = "verify"
@@ -306,7 +313,7 @@ class Auto(GroupTesting):
         ask.report(len(found))
         if not self._estimated:
             self._estimate(ask, len(cands), self._expected_k(len(cands), len(found), len(undecided)), False)
-        if self.diffuse_after and len(found) > self.diffuse_after and len(cands) >= self.min_candidates:
+        if self._switch_after and len(found) > self._switch_after and len(cands) >= self.min_candidates:
             raise _Diffuse
 
     # ------------------------------------------------------------------ sparse engine, P tests per round

@@ -418,3 +418,50 @@ def test_the_greedy_computes_only_violated_columns_and_keeps_the_definitions_ord
         order, predicted = _greedy(q.copy(), first, start)
         assert order == _greedy_by_definition(q.copy(), first, start)
         assert set(order) == set(range(n)) - set(first)
+
+
+def test_auto_switches_after_fewer_culprits_when_the_ranking_is_available():
+    """With a hint that says it can rank (``available``), auto turns to its ranked search after
+    ``diffuse_after_ranked`` culprits instead of ``diffuse_after``: the hint is called then; without
+    ``available`` (or with use_prediction off) the sparse search goes on as gt's up to ``diffuse_after``."""
+    cands = names(128)
+    culprits = random_culprits(cands, 6, 3)  # 6 culprits: above 4, within 8
+    calls = []
+
+    def hint(first=(), excess=None):
+        calls.append(tuple(first))
+        return list(first) + [c for c in cands if c not in first]
+
+    f = monotone(culprits)
+    hint.available = True
+    got = Auto(diffuse_after_ranked=4).search(cands, _Recorder(f), predicted_ranking=hint)
+    assert f(got) and is_one_minimal(f, got) and len(calls) == 1  # switched: the ranking was asked for
+    calls.clear()
+    hint.available = False
+    a, g = _Recorder(f), _Recorder(f)
+    assert Auto(diffuse_after_ranked=4).search(cands, a, predicted_ranking=hint) == GroupTesting().search(cands, g)
+    assert not calls and a.asked == g.asked
+    hint.available = True
+    a = _Recorder(f)
+    assert Auto(diffuse_after_ranked=4, use_prediction=False).search(cands, a, predicted_ranking=hint) == culprits
+    assert not calls and a.asked == g.asked
+
+
+def test_rankable_says_beforehand_what_the_ranking_will_do():
+    """`rankable` (the hint's `available`) agrees with whether `predicted_ranking` ranks, without running it."""
+    from bisector.search.vector_ranking import RankingHint, rankable
+
+    job = _job()
+    try:
+        oracle = job.oracle()
+        assert not rankable(oracle) and predicted_ranking(oracle, []) is None  # 16 output numbers
+        assert rankable(oracle, min_elements=0)
+        hint = RankingHint(oracle)
+        assert hint.available is False and oracle.new == 0
+    finally:
+        job.close()
+    job = _job("mean")
+    try:
+        assert not rankable(job.oracle(), min_elements=0)  # mean checks: not modelled
+    finally:
+        job.close()

@@ -12,6 +12,7 @@ from typing import Any, Callable
 from bisector.errors import AccuracyFailure, UsageError
 from bisector.search.judge import Verdict
 from bisector.search.oracle import BudgetExhausted, Oracle
+from bisector.search.vector_ranking import RankingHint
 
 log = logging.getLogger("bisector")
 
@@ -101,8 +102,7 @@ def run_search(
     # A ranking predicted from each candidate's own output error (emulator runs, no evaluations), computed only
     # when a strategy asks (auto: when its search turns diffuse); None where the backend cannot provide it
     ranking: dict[str, Any] = {}  # what the ranking cost, for the report (runs are not evaluations)
-    all_hints.setdefault("predicted_ranking",
-                         lambda first=(), excess=None: _predicted_ranking(oracle, first, excess, ranking))
+    all_hints.setdefault("predicted_ranking", RankingHint(oracle, ranking))
     try:
         if start is None:
             answer = frozenset(strategy.search(candidates, oracle.passes, **all_hints))
@@ -151,16 +151,6 @@ def _known_excess(oracle: Oracle, fp32) -> float | None:
     """The excess of a set the oracle has judged (None when it has not: a hint never costs an evaluation)."""
     verdict = oracle.verdicts.get(frozenset(fp32))
     return None if verdict is None else verdict.excess
-
-
-def _predicted_ranking(oracle: Oracle, first, excess, stats: dict) -> list[str] | None:
-    from bisector.search.vector_ranking import predicted_ranking
-
-    rank = predicted_ranking(oracle, list(first), excess, stats=stats)
-    if stats.get("runs"):
-        log.info("predicted ranking: %d single-node emulator runs in %.1f s (not evaluations)", stats["runs"],
-                 stats.get("seconds", 0.0))
-    return rank
 
 
 def _search_from(strategy, start: frozenset[str], candidates, oracle: Oracle, hints: dict) -> frozenset[str]:

@@ -23,6 +23,7 @@ otherwise: the caller ranks another way).
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections import deque
@@ -35,6 +36,8 @@ from bisector.compare import EPSILON
 from bisector.budget import BudgetExhausted
 from bisector.fp16.plan import Plan
 
+
+log = logging.getLogger("bisector")
 
 # Fewer float output elements (all outputs, all input sets) than this: no ranking. With one or two output numbers
 # (the exported encoder: 2; ppocr-cls: 2) a per-element model is a scalar sensitivity ranking; measured there
@@ -65,6 +68,43 @@ def predicted_ranking(oracle: Any, first: Sequence[str] = (), excess: Any = None
     finally:
         if own is not None:
             own.close()
+
+
+def rankable(oracle: Any, min_elements: int | None = None) -> bool:
+    """Whether `predicted_ranking` can rank for `oracle` (a cheap check, nothing run): elementwise checks on the
+    float outputs, at least `MIN_ELEMENTS` of them, and an emulator (the backend, or one for a device backend's
+    model in FP16 storage)."""
+    backend = getattr(oracle, "backend", None)
+    if getattr(backend, "name", None) != "emulate" or not callable(getattr(backend, "run", None)):
+        if getattr(backend, "catalog", None) is None or getattr(backend, "storage", "fp16") != "fp16":
+            return False
+    size = 0
+    tol = oracle.tolerance
+    for gold in oracle.golden:
+        for name, g in gold.items():
+            if not np.issubdtype(np.asarray(g).dtype, np.floating):
+                continue
+            if tol.stat.get(name) != "elemwise":
+                return False
+            size += int(np.size(g))
+    return size >= (MIN_ELEMENTS if min_elements is None else min_elements)
+
+
+class RankingHint:
+    """The ``predicted_ranking`` hint as the driver offers it: ``hint(first, excess)`` computes the ranking
+    (`predicted_ranking`, its cost recorded in ``stats``); ``hint.available`` says beforehand, without running
+    anything, whether it can (``Auto`` switches to its ranked search sooner when it can)."""
+
+    def __init__(self, oracle: Any, stats: dict | None = None):
+        self._oracle, self.stats = oracle, stats if stats is not None else {}
+        self.available = rankable(oracle)
+
+    def __call__(self, first: Sequence[str] = (), excess: Any = None) -> "Ranking | None":
+        rank = predicted_ranking(self._oracle, list(first), excess, stats=self.stats)
+        if self.stats.get("runs"):
+            log.info("predicted ranking: %d single-node emulator runs in %.1f s (not evaluations)",
+                     self.stats["runs"], self.stats.get("seconds", 0.0))
+        return rank
 
 
 def _emulator_for(backend: Any) -> Any:
