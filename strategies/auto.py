@@ -15,8 +15,9 @@ Diffuse error (many nodes each adding a little)
 Group testing assumes culprits; under diffuse error (the additive model: passes iff the error weight of the
 FP16 nodes stays under a threshold) every group fails once the slack is used, group testing isolates a "culprit"
 per node that does not fit — a first-fit packing in topological order — and pays log2 of the group size for
-each. When more than ``diffuse_after`` culprits have turned up (and there are at least ``min_candidates``
-candidates: below 64 the ranked search's fixed cost does not pay, ``gt`` goes on), ``auto`` switches:
+each. When more than ``diffuse_after`` culprits have turned up — ``diffuse_after_ranked`` when the predicted
+ranking below can be had — and there are at least ``min_candidates`` candidates (below 64 the ranked search's
+fixed cost does not pay, ``gt`` goes on), ``auto`` switches:
 
 1. rank the candidates: the culprits found so far first (in discovery order: found against a larger slack means
    heavier), then by the ``scores`` hint when given, else by the ``predicted_ranking`` hint when offered (the
@@ -117,7 +118,11 @@ class Auto(GroupTesting):
     bisector.search.vector_ranking.Prediction), recalibrate it on the passing prefix's real excess and shrink in
     the order of backward elimination under it (least predicted harm first) instead of reverse rank order (off:
     docs/benchmarks.md, "Issue 15, eighth round": smaller sets on three of four tuning cases, but more
-    evaluations on three of them).
+    evaluations on three of them); ``diffuse_after_ranked`` — ``diffuse_after`` when the ``predicted_ranking`` hint
+    says it can rank (``hint.available``; ``use_prediction`` on, no ``scores``): the ranked search then costs one
+    calibration evaluation instead of 16–64 probes, so it pays to switch sooner (default 4 since docs/benchmarks.md,
+    "Issue 15, ninth round": on the registry models 5/9 → 8/9 sets within 1.1 × the smallest known at 0.67 → 0.68 ×
+    gt's evaluations; on two generated transformers, held out, 87 / 295 → 87 / 278 and 70 / 248 → 66 / 199).
     """
 
     name = "auto"
@@ -143,7 +148,7 @@ class Auto(GroupTesting):
         early_fallback: int = 8,
         use_prediction: bool = True,
         predicted_shrink: bool = False,
-        diffuse_after_ranked: int = 8,
+        diffuse_after_ranked: int = 4,
     ) -> None:
         super().__init__(prior_decay, use_scores, power_of_two, smart_split, prior_power)
         self.diffuse_after = diffuse_after
