@@ -231,7 +231,7 @@ class Auto(GroupTesting):
 
     # ------------------------------------------------------------------ estimate event
     def _estimate(self, ask: Asker, n: int, k: int, diffuse: bool, final: bool = False, size: int | None = None,
-                  evaluations: int | None = None) -> None:
+                  evaluations: int | None = None, at_least: bool = False) -> None:
         if diffuse:
             advice = (
                 "the FP16 error looks diffuse (many nodes each add a little): a smallest FP32 set costs about one "
@@ -251,8 +251,10 @@ class Auto(GroupTesting):
         if evaluations is None:
             evaluations = int(round(1.3 * max(0.0, _log_comb(n, max(size, 1)) / math.log(2)) + size + 2))
         self._estimated = True
-        ask.emit({"estimate": {"evaluations": int(evaluations), "set_size": int(size), "diffuse": diffuse,
-                               "advice": advice}})
+        estimate = {"evaluations": int(evaluations), "set_size": int(size), "diffuse": diffuse, "advice": advice}
+        if at_least:  # on switching to the diffuse search: only the culprits found so far are known
+            estimate["at_least"] = True
+        ask.emit({"estimate": estimate})
 
     def _expected_k(self, n: int, found: int, undecided: int) -> int:
         post = self._posterior(n, found, undecided)
@@ -459,7 +461,7 @@ class Auto(GroupTesting):
         offered = scores is None and self.use_prediction and callable(hints.get("predicted_ranking"))
         self._estimate(ask, n, len(found), diffuse=True, size=max(len(found), 1),
                        evaluations=len(ask.memo) + (1 if offered else self._probe_count(n, scores))  # 1: calibration
-                       + 2 * int(math.log2(n) + 1) + 2 * len(found))
+                       + 2 * int(math.log2(n) + 1) + 2 * len(found), at_least=True)
         weigh_costs = costs is not None and scores is not None  # probe estimates are too rough to trade off
         head = set(found)
         idx = ask.index

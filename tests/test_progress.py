@@ -101,3 +101,5 @@ def test_strategy_estimate_is_said_once_and_drives_the_eta():
     text = stream.getvalue()
     assert text.count("estimate: about 40 evaluations") == 1 and "diffuse" in text and "--max-evals" in text
     assert p.expected_total == 40
+    p({"estimate": {"evaluations": 30, "set_size": 5, "diffuse": True, "advice": "", "at_least": True}})
+    assert "estimate: at least 30 evaluations in all, a set of at least 5 node(s)" in stream.getvalue()

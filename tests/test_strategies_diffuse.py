@@ -109,10 +109,14 @@ def test_estimate_event_early_and_diffuse_flag():
     first = next(i for i, d in enumerate(events) if "estimate" in d)
     assert events[first]["evaluations"] <= 20  # early: within the first evaluations
     for e in est:
-        assert set(e) == {"evaluations", "set_size", "diffuse", "advice"}
+        assert set(e) - {"at_least"} == {"evaluations", "set_size", "diffuse", "advice"}
         assert isinstance(e["evaluations"], int) and isinstance(e["set_size"], int)
         assert "--strategy bisect" in e["advice"] and "--max-evals" in e["advice"]
     assert "tolerance" in est[-1]["advice"]
+    # the estimate on switching knows only the culprits so far: a lower bound, said so; the last is not
+    switched = next(e for e in est if e["diffuse"])
+    assert switched.get("at_least") is True and "at_least" not in est[-1]
+    assert est[-1]["set_size"] >= switched["set_size"]
     sparse = []
     culprits = random_culprits(names(128), 2, 1)
     Auto().search(names(128), CountingOracle(monotone(culprits)), progress=sparse.append)

@@ -118,7 +118,8 @@ class SearchProgress:
 
     def __call__(self, info: dict) -> None:
         """Strategy `progress` hint: {"phase", "fp32_size", "best", "evaluations"}, and now and then an
-        "estimate" {"evaluations", "set_size", "diffuse", "advice"}: said once each time it changes."""
+        "estimate" {"evaluations", "set_size", "diffuse", "advice"[, "at_least"]}: said once each time it changes
+        ("at_least": a lower bound, the diffuse search's first estimate, from the culprits found so far)."""
         estimate = info.get("estimate")
         if isinstance(estimate, dict):
             self._on_estimate(estimate)
@@ -136,7 +137,8 @@ class SearchProgress:
     def _on_estimate(self, e: dict) -> None:
         total, size = e.get("evaluations"), e.get("set_size")
         self.expected_total = int(total) if isinstance(total, (int, float)) else self.expected_total
-        text = (f"estimate: about {total} evaluations in all, a set of about {size} node(s)"
+        about = "at least" if e.get("at_least") else "about"  # the diffuse search's first: culprits so far
+        text = (f"estimate: {about} {total} evaluations in all, a set of {about} {size} node(s)"
                 + ("; FP16 error is diffuse (many nodes each add a little)" if e.get("diffuse") else "")
                 + (f". {e['advice']}" if e.get("advice") else ""))
         if text != self.last_estimate:
