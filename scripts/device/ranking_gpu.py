@@ -1,9 +1,10 @@
 """Issue 15 on a GPU: does the emulator's predicted ranking save *device* evaluations?
 
 For each case (a model from bench/registry_models.py carried with the code, and its flags), searches with `auto`
-on `--backend ort-cuda` (every verdict the GPU's) twice — `use_prediction=False` (the probes, as before issue 15's
-seventh round) and `use_prediction=True` (the ranking computed on the CPU emulator, calibrated by the GPU's own
-all-FP16 excess) — and the same two on `emulate` for reference. Records per search: FP32 set size, evaluations
+on `--backend ort-cuda` (every verdict the GPU's) once per `--variants` option set — by default
+`use_prediction=False` (the probes, as before issue 15's seventh round) and `use_prediction=True` (the ranking
+computed on the CPU emulator, calibrated by the GPU's own all-FP16 excess) — and the same on `emulate` for
+reference. Records per search: FP32 set size, evaluations
 (device plans judged), the ranking's emulator runs, whether the set passes and is 1-minimal on that backend, and
 seconds. Writes one JSON file.
 
@@ -26,7 +27,7 @@ CASES = {  # model file name -> (label, flags), as bench/strategies.py's registr
 }
 
 
-def search(model: Path, flags: list[str], backend: str, use_prediction: bool) -> dict:
+def search(model: Path, flags: list[str], backend: str, options: dict) -> dict:
     from bisector.app.job import open_job
     from bisector.app.options import options_from_flags
     from bisector.search.driver import removable, run_search
@@ -35,8 +36,8 @@ def search(model: Path, flags: list[str], backend: str, use_prediction: bool) ->
     job = open_job(model, no_cache=True, **options_from_flags(flags + ["--backend", backend]))
     try:
         oracle = job.oracle()
-        result = run_search(oracle, "auto", {"use_prediction": use_prediction})
-        out = {"backend": backend, "use_prediction": use_prediction, "fp32": len(result.fp32),
+        result = run_search(oracle, "auto", dict(options))
+        out = {"backend": backend, "options": options, "fp32": len(result.fp32),
                "evaluations": result.evaluations, "passed": result.passed, "minimal": result.minimal,
                "not_removable_checked": not removable(oracle, result.fp32, judge_missing=True),
                "seconds": round(time.perf_counter() - t0, 1), "search_seconds": round(result.seconds, 1)}
@@ -51,19 +52,23 @@ def main() -> None:
     ap.add_argument("--model", required=True)
     ap.add_argument("--backends", default="ort-cuda,emulate")
     ap.add_argument("--deadline", type=float, default=540.0)
+    ap.add_argument("--variants", default='[{"use_prediction": false}, {"use_prediction": true}]',
+                    help="JSON list of auto option sets, each searched per case and backend (issue 15, ninth "
+                         "round: '[{\"diffuse_after_ranked\": 8}, {}]', the switch before and now)")
     a = ap.parse_args()
+    variants = json.loads(a.variants)
     start = time.monotonic()
     rows = []
     for label, flags in CASES[Path(a.model).name]:
         for backend in a.backends.split(","):
-            for use in (False, True):
+            for options in variants:
                 if time.monotonic() - start > a.deadline:
-                    rows.append({"case": label, "backend": backend, "use_prediction": use, "skipped": "deadline"})
+                    rows.append({"case": label, "backend": backend, "options": options, "skipped": "deadline"})
                     continue
                 try:
-                    row = search(Path(a.model), flags, backend, use)
+                    row = search(Path(a.model), flags, backend, options)
                 except Exception as exc:  # noqa: BLE001 - recorded, the next search runs
-                    row = {"backend": backend, "use_prediction": use, "error": f"{type(exc).__name__}: {exc}"}
+                    row = {"backend": backend, "options": options, "error": f"{type(exc).__name__}: {exc}"}
                 row["case"] = label
                 rows.append(row)
                 print(json.dumps(row), flush=True)
