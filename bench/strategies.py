@@ -423,7 +423,7 @@ def _with_excess(oracle):
         return predicted_ranking(oracle, list(first), excess, stats=stats)
 
     passes.excess = excess  # type: ignore[attr-defined]
-    predicted.available = rankable(oracle)  # type: ignore[attr-defined]  # as the driver's hint says it
+    predicted.exact_backend = rankable(oracle)  # type: ignore[attr-defined]  # as the driver's hint says it (emulate)
     passes.predicted_ranking = predicted  # type: ignore[attr-defined]
     passes.prediction_stats = []  # type: ignore[attr-defined]
     return passes

@@ -16,7 +16,7 @@ Group testing assumes culprits; under diffuse error (the additive model: passes 
 FP16 nodes stays under a threshold) every group fails once the slack is used, group testing isolates a "culprit"
 per node that does not fit — a first-fit packing in topological order — and pays log2 of the group size for
 each. When more than ``diffuse_after`` culprits have turned up — ``diffuse_after_ranked`` when the predicted
-ranking below can be had — and there are at least ``min_candidates`` candidates (below 64 the ranked search's
+ranking below comes from the backend that judges (emulate) — and there are at least ``min_candidates`` candidates (below 64 the ranked search's
 fixed cost does not pay, ``gt`` goes on), ``auto`` switches:
 
 1. rank the candidates: the culprits found so far first (in discovery order: found against a larger slack means
@@ -119,10 +119,13 @@ class Auto(GroupTesting):
     the order of backward elimination under it (least predicted harm first) instead of reverse rank order (off:
     docs/benchmarks.md, "Issue 15, eighth round": smaller sets on three of four tuning cases, but more
     evaluations on three of them); ``diffuse_after_ranked`` — ``diffuse_after`` when the ``predicted_ranking`` hint
-    says it can rank (``hint.available``; ``use_prediction`` on, no ``scores``): the ranked search then costs one
-    calibration evaluation instead of 16–64 probes, so it pays to switch sooner (default 4 since docs/benchmarks.md,
+    says it can rank on the backend that judges (``hint.exact_backend``: the emulator itself; ``use_prediction``
+    on, no ``scores``): the ranked search then costs one calibration evaluation instead of 16–64 probes, so it
+    pays to switch sooner (default 4 since docs/benchmarks.md,
     "Issue 15, ninth round": on the registry models 5/9 → 8/9 sets within 1.1 × the smallest known at 0.67 → 0.68 ×
-    gt's evaluations; on two generated transformers, held out, 87 / 295 → 87 / 278 and 70 / 248 → 66 / 199).
+    gt's evaluations; on two generated transformers, held out, 87 / 295 → 87 / 278 and 70 / 248 → 66 / 199; not
+    for a device backend, whose ranking comes from an emulator: on an H100 with ORT-CUDA the sooner switch cost
+    1112 → 1215 device evaluations over four cases).
     """
 
     name = "auto"
@@ -183,7 +186,7 @@ class Auto(GroupTesting):
         self._estimated = False
         # A predicted ranking replaces the probes' 16-64 evaluations with one: switching sooner pays there
         ranked = (self.use_prediction and hints.get("scores") is None
-                  and getattr(hints.get("predicted_ranking"), "available", False))
+                  and getattr(hints.get("predicted_ranking"), "exact_backend", False))
         self._switch_after = self.diffuse_after_ranked if ranked and self.diffuse_after else self.diffuse_after
         order = self._order(cands, hints.get("scores"))
         found: list[str] = []

@@ -421,9 +421,9 @@ def test_the_greedy_computes_only_violated_columns_and_keeps_the_definitions_ord
 
 
 def test_auto_switches_after_fewer_culprits_when_the_ranking_is_available():
-    """With a hint that says it can rank (``available``), auto turns to its ranked search after
-    ``diffuse_after_ranked`` culprits instead of ``diffuse_after``: the hint is called then; without
-    ``available`` (or with use_prediction off) the sparse search goes on as gt's up to ``diffuse_after``."""
+    """With a hint that says it can rank on the judging backend (``exact_backend``), auto turns to its ranked
+    search after ``diffuse_after_ranked`` culprits instead of ``diffuse_after``: the hint is called then; without
+    it (or with use_prediction off) the sparse search goes on as gt's up to ``diffuse_after``."""
     cands = names(128)
     culprits = random_culprits(cands, 6, 3)  # 6 culprits: above 4, within 8
     calls = []
@@ -433,22 +433,23 @@ def test_auto_switches_after_fewer_culprits_when_the_ranking_is_available():
         return list(first) + [c for c in cands if c not in first]
 
     f = monotone(culprits)
-    hint.available = True
+    hint.exact_backend = True
     got = Auto(diffuse_after_ranked=4).search(cands, _Recorder(f), predicted_ranking=hint)
     assert f(got) and is_one_minimal(f, got) and len(calls) == 1  # switched: the ranking was asked for
     calls.clear()
-    hint.available = False
+    hint.exact_backend = False
     a, g = _Recorder(f), _Recorder(f)
     assert Auto(diffuse_after_ranked=4).search(cands, a, predicted_ranking=hint) == GroupTesting().search(cands, g)
     assert not calls and a.asked == g.asked
-    hint.available = True
+    hint.exact_backend = True
     a = _Recorder(f)
     assert Auto(diffuse_after_ranked=4, use_prediction=False).search(cands, a, predicted_ranking=hint) == culprits
     assert not calls and a.asked == g.asked
 
 
 def test_rankable_says_beforehand_what_the_ranking_will_do():
-    """`rankable` (the hint's `available`) agrees with whether `predicted_ranking` ranks, without running it."""
+    """`rankable` agrees with whether `predicted_ranking` ranks, without running it; the driver's hint says
+    `exact_backend` only where it ranks on the emulate backend itself."""
     from bisector.search.vector_ranking import RankingHint, rankable
 
     job = _job()
@@ -457,11 +458,30 @@ def test_rankable_says_beforehand_what_the_ranking_will_do():
         assert not rankable(oracle) and predicted_ranking(oracle, []) is None  # 16 output numbers
         assert rankable(oracle, min_elements=0)
         hint = RankingHint(oracle)
-        assert hint.available is False and oracle.new == 0
+        assert hint.exact_backend is False and oracle.new == 0
     finally:
         job.close()
     job = _job("mean")
     try:
         assert not rankable(job.oracle(), min_elements=0)  # mean checks: not modelled
+    finally:
+        job.close()
+
+
+def test_the_sooner_switch_is_for_the_emulate_backend_only(monkeypatch):
+    """The driver's hint says `exact_backend` where the emulator that ranks is the backend that judges; on a
+    device backend (ranked by an emulator of its model) it still ranks, but not exactly: auto switches as usual
+    (measured on an H100 with ORT-CUDA: the sooner switch cost more device evaluations)."""
+    import types
+
+    from bisector.search import vector_ranking
+
+    monkeypatch.setattr(vector_ranking, "MIN_ELEMENTS", 0)
+    job = _job()
+    try:
+        oracle = job.oracle()
+        assert vector_ranking.RankingHint(oracle).exact_backend is True
+        oracle.backend = types.SimpleNamespace(name="ort-cuda", catalog=job.catalog, storage="fp16")
+        assert vector_ranking.rankable(oracle) and vector_ranking.RankingHint(oracle).exact_backend is False
     finally:
         job.close()

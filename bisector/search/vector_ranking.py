@@ -92,12 +92,17 @@ def rankable(oracle: Any, min_elements: int | None = None) -> bool:
 
 class RankingHint:
     """The ``predicted_ranking`` hint as the driver offers it: ``hint(first, excess)`` computes the ranking
-    (`predicted_ranking`, its cost recorded in ``stats``); ``hint.available`` says beforehand, without running
-    anything, whether it can (``Auto`` switches to its ranked search sooner when it can)."""
+    (`predicted_ranking`, its cost recorded in ``stats``). ``hint.exact_backend`` says beforehand, without running
+    anything, that it can rank *and* that its emulator is the backend that judges; ``Auto`` then switches to its
+    ranked search sooner. On a device backend the ranking comes from an emulator whose errors are not the
+    device's: there the sooner switch cost more device evaluations (H100, ORT-CUDA, four cases: 1112 -> 1215;
+    docs/verification.md, "Issue 15, ninth round"), so it is False and the hint is used at the usual switch."""
 
     def __init__(self, oracle: Any, stats: dict | None = None):
         self._oracle, self.stats = oracle, stats if stats is not None else {}
-        self.available = rankable(oracle)
+        backend = getattr(oracle, "backend", None)
+        self.exact_backend = (getattr(backend, "name", None) == "emulate" and callable(getattr(backend, "run", None))
+                              and rankable(oracle))
 
     def __call__(self, first: Sequence[str] = (), excess: Any = None) -> "Ranking | None":
         rank = predicted_ranking(self._oracle, list(first), excess, stats=self.stats)
