@@ -57,7 +57,7 @@ def predicted_ranking(oracle: Any, first: Sequence[str] = (), excess: Any = None
     says must be FP32)."""
     backend = getattr(oracle, "backend", None)
     own = None
-    if getattr(backend, "name", None) != "emulate" or not callable(getattr(backend, "run", None)):
+    if not _is_emulator(backend):
         # A device backend (TensorRT, ORT-CUDA): the ranking comes from the CPU emulator on the same model and
         # inputs, built now and closed after. It only orders the candidates; every verdict is still the device's.
         own = backend = _emulator_for(backend)
@@ -75,19 +75,29 @@ def rankable(oracle: Any, min_elements: int | None = None) -> bool:
     float outputs, at least `MIN_ELEMENTS` of them, and an emulator (the backend, or one for a device backend's
     model in FP16 storage)."""
     backend = getattr(oracle, "backend", None)
-    if getattr(backend, "name", None) != "emulate" or not callable(getattr(backend, "run", None)):
-        if getattr(backend, "catalog", None) is None or getattr(backend, "storage", "fp16") != "fp16":
-            return False
+    if not _is_emulator(backend) and (getattr(backend, "catalog", None) is None
+                                      or getattr(backend, "storage", "fp16") != "fp16"):
+        return False
+    size = _elementwise_size(oracle)
+    return bool(size) and size >= (MIN_ELEMENTS if min_elements is None else min_elements)
+
+
+def _is_emulator(backend: Any) -> bool:
+    return getattr(backend, "name", None) == "emulate" and callable(getattr(backend, "run", None))
+
+
+def _elementwise_size(oracle: Any) -> int | None:
+    """How many float output numbers the checks judge (all input sets); None where one of them is judged by a
+    mean/median/quantile check (not modelled: measured worse, see the module note)."""
     size = 0
-    tol = oracle.tolerance
     for gold in oracle.golden:
         for name, g in gold.items():
             if not np.issubdtype(np.asarray(g).dtype, np.floating):
                 continue
-            if tol.stat.get(name) != "elemwise":
-                return False
+            if oracle.tolerance.stat.get(name) != "elemwise":
+                return None
             size += int(np.size(g))
-    return size >= (MIN_ELEMENTS if min_elements is None else min_elements)
+    return size
 
 
 class RankingHint:
@@ -101,8 +111,7 @@ class RankingHint:
     def __init__(self, oracle: Any, stats: dict | None = None):
         self._oracle, self.stats = oracle, stats if stats is not None else {}
         backend = getattr(oracle, "backend", None)
-        self.exact_backend = (getattr(backend, "name", None) == "emulate" and callable(getattr(backend, "run", None))
-                              and rankable(oracle))
+        self.exact_backend = _is_emulator(backend) and rankable(oracle)
 
     def __call__(self, first: Sequence[str] = (), excess: Any = None) -> "Ranking | None":
         rank = predicted_ranking(self._oracle, list(first), excess, stats=self.stats)
@@ -131,6 +140,9 @@ def _ranking(oracle: Any, backend: Any, first: Sequence[str], excess: Any, top: 
     n = len(cands)
     if n == 0:
         return []
+    size = _elementwise_size(oracle)
+    if not size or size < (MIN_ELEMENTS if min_elements is None else min_elements):
+        return None  # other checks, or a handful of output numbers: a scalar sensitivity ranking (MIN_ELEMENTS)
     tol = oracle.tolerance
     checks = []  # (input set, output name, golden flat, threshold flat)
     for s, gold in enumerate(oracle.golden):
@@ -138,19 +150,12 @@ def _ranking(oracle: Any, backend: Any, first: Sequence[str], excess: Any, top: 
             g = np.asarray(g)
             if not np.issubdtype(g.dtype, np.floating):
                 continue
-            if tol.stat.get(name) != "elemwise":
-                return None  # mean/median/quantile checks: not modelled (measured worse, see the module note)
             g = g.astype(np.float32).ravel()
             ge = np.where(g == 0, g + EPSILON, g)
             thr = np.maximum(tol.atol.get(name), tol.rtol.get(name) * np.abs(ge)) * tol.margin
             checks.append((s, name, g, np.maximum(thr, np.finfo(np.float32).tiny).astype(np.float32)))
-    if not checks:
-        return None
-    if sum(c[2].size for c in checks) < (MIN_ELEMENTS if min_elements is None else min_elements):
-        return None  # a handful of output numbers: the model is a scalar sensitivity ranking (see MIN_ELEMENTS)
     if callable(excess):
         excess = excess()
-    size = sum(c[2].size for c in checks)
     everything = frozenset(cands)
     runs = [0]
     budget = getattr(oracle, "budget", None)
