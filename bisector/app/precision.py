@@ -115,14 +115,14 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
         if executor is not None:
             open_job_spec(executor, Path(model), groups, job)
         oracle.executor = executor
-        if progress is not None:
-            progress.begin(len(cat.candidates))
         if output_dir is not None and mixed:
             # The large weights of the mixed model go to disk while the search runs (artifacts.prewrite): the
-            # work after the search then does not grow with them.
+            # work after the search then does not grow with them. (Before the live display: it may refuse.)
             from bisector.artifacts.prewrite import WeightPrewrite
 
             prewritten = WeightPrewrite.start(cat, Path(output_dir) / "model.mixed.onnx")
+        if progress is not None:
+            progress.begin(len(cat.candidates))
         try:
             result = run_search(oracle, s.strategy, s.strategy_kwargs(), hints=hints, progress=progress,
                                 start=start)
