@@ -48,7 +48,8 @@ fixed cost does not pay, ``gt`` goes on), ``auto`` switches:
 Estimate
 --------
 After the first evaluations (when the first culprit is isolated, or on switching to the diffuse search, and
-once more when the prefix is known) ``progress`` receives ``{"estimate": {"evaluations", "set_size",
+once more when the prefix is known; on falling back to ``gt``, from its rate so far, and once more when its
+culprits are known) ``progress`` receives ``{"estimate": {"evaluations", "set_size",
 "diffuse", "advice"}}`` — expected total evaluations and FP32 set size, whether the error looks diffuse, and
 cheaper alternatives.
 
@@ -184,6 +185,7 @@ class Auto(GroupTesting):
         if not cands:
             return frozenset()
         self._estimated = False
+        self._at_switch: tuple[int, int, int, int] | None = None
         # A predicted ranking replaces the probes' 16-64 evaluations with one: switching sooner pays there
         ranked = (self.use_prediction and hints.get("scores") is None
                   and getattr(hints.get("predicted_ranking"), "exact_backend", False))
@@ -215,6 +217,7 @@ class Auto(GroupTesting):
         (same answers, same calls) up to gt's culprits, which are then made 1-minimal with the cyclic check.
         Costs gt's search plus the probes and prefix steps spent (tested). In parallel rounds the replay may group
         its tests differently (the memo already holds the probes' sets)."""
+        self._estimate_fallback(ask, len(cands))
         saved, self._switch_after = self._switch_after, 0
         found: list[str] = []
         undecided = list(order)
@@ -228,13 +231,36 @@ class Auto(GroupTesting):
         # after every removal), which is what a non-monotone oracle's many late removals cost least with
         ask.phase = "verify"
         result = frozenset(found)
-        if ask(result):
-            return self._one_minimal(ask, result, order)
-        return repair(ask, result, order)
+        if not ask(result):
+            return repair(ask, result, order)
+        # What is left is known now: the cyclic check of gt's culprits, which can only remove members. Each
+        # removal not asked yet costs one evaluation at least, about two on the registry models (1-5: most of
+        # gt's culprits there turned out removable, and every removal re-opens the check)
+        fresh = sum(ask.known(result - {x}) is None for x in result)
+        self._estimate(ask, len(cands), len(found), diffuse=True, size=len(found),
+                       evaluations=len(ask.memo) + 2 * fresh, at_most_set=True)
+        return self._one_minimal(ask, result, order)
+
+    def _estimate_fallback(self, ask: Asker, n: int) -> None:
+        """On falling back to ``gt``: its rate so far extrapolated — evaluations per decided candidate and culprits
+        per decided candidate at the switch, over the candidates still undecided — plus the cyclic check (about
+        two evaluations per culprit). Rough (0.4-2.6x the real total on five registry cases, where "at least" had
+        said 78 for 367), but it tells hundreds from tens before they are spent."""
+        state = getattr(self, "_at_switch", None)
+        if not state:
+            return
+        found, decided, undecided, asked = state
+        culprits = found + found * undecided / max(decided, 1)  # gt's, before the check
+        total = len(ask.memo) + asked * undecided / max(decided, 1) + 2 * culprits + 1
+        # the set: only a lower bound (the culprits so far); gt's culprits extrapolated are no guide to it (registry
+        # models: 142 extrapolated, 50 found, 11 after the check; equal weights: 38, 161, 161)
+        self._estimate(ask, n, found, diffuse=True, size=max(1, found), evaluations=int(round(total)),
+                       at_least_set=True)
 
     # ------------------------------------------------------------------ estimate event
     def _estimate(self, ask: Asker, n: int, k: int, diffuse: bool, final: bool = False, size: int | None = None,
-                  evaluations: int | None = None, at_least: bool = False) -> None:
+                  evaluations: int | None = None, at_least: bool = False, at_most_set: bool = False,
+                  at_least_set: bool = False) -> None:
         if diffuse:
             advice = (
                 "the FP16 error looks diffuse (many nodes each add a little): a smallest FP32 set costs about one "
@@ -257,6 +283,10 @@ class Auto(GroupTesting):
         estimate = {"evaluations": int(evaluations), "set_size": int(size), "diffuse": diffuse, "advice": advice}
         if at_least:  # on switching to the diffuse search: only the culprits found so far are known
             estimate["at_least"] = True
+        if at_most_set:  # gt's culprits before the 1-minimality check, which can only remove members
+            estimate["set_at_most"] = True
+        if at_least_set:  # the evaluations are an estimate, the set size only the culprits found so far
+            estimate["set_at_least"] = True
         ask.emit({"estimate": estimate})
 
     def _expected_k(self, n: int, found: int, undecided: int) -> int:
@@ -324,6 +354,7 @@ class Auto(GroupTesting):
         if not self._estimated:
             self._estimate(ask, len(cands), self._expected_k(len(cands), len(found), len(undecided)), False)
         if self._switch_after and len(found) > self._switch_after and len(cands) >= self.min_candidates:
+            self._at_switch = (len(found), len(cands) - len(undecided), len(undecided), len(ask.memo))
             raise _Diffuse
 
     # ------------------------------------------------------------------ sparse engine, P tests per round

@@ -103,3 +103,8 @@ def test_strategy_estimate_is_said_once_and_drives_the_eta():
     assert p.expected_total == 40
     p({"estimate": {"evaluations": 30, "set_size": 5, "diffuse": True, "advice": "", "at_least": True}})
     assert "estimate: at least 30 evaluations in all, a set of at least 5 node(s)" in stream.getvalue()
+    p({"estimate": {"evaluations": 300, "set_size": 50, "diffuse": True, "advice": "", "set_at_most": True}})
+    assert "estimate: about 300 evaluations in all, a set of at most 50 node(s)" in stream.getvalue()
+    assert p.expected_total == 300
+    p({"estimate": {"evaluations": 900, "set_size": 9, "diffuse": True, "advice": "", "set_at_least": True}})
+    assert "estimate: about 900 evaluations in all, a set of at least 9 node(s)" in stream.getvalue()

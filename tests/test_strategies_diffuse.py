@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import math
 import random
 import sys
 from pathlib import Path
@@ -109,7 +110,7 @@ def test_estimate_event_early_and_diffuse_flag():
     first = next(i for i, d in enumerate(events) if "estimate" in d)
     assert events[first]["evaluations"] <= 20  # early: within the first evaluations
     for e in est:
-        assert set(e) - {"at_least"} == {"evaluations", "set_size", "diffuse", "advice"}
+        assert set(e) - {"at_least", "set_at_most", "set_at_least"} == {"evaluations", "set_size", "diffuse", "advice"}
         assert isinstance(e["evaluations"], int) and isinstance(e["set_size"], int)
         assert "--strategy bisect" in e["advice"] and "--max-evals" in e["advice"]
     assert "tolerance" in est[-1]["advice"]
@@ -522,6 +523,42 @@ def test_early_fallback_stops_probing_when_a_rough_prefix_already_fails():
         assert early_probes == 8
         assert early == full and f(early) and is_one_minimal(f, early)
         assert early_evals < full_evals - 8
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_fallback_says_what_gt_will_cost(workers):
+    """Where the ranked search falls back to gt (equal weights, 80% needed), the user hears gt's rate so far
+    extrapolated, far closer to the real total than the lower bound said on switching (the set: still only the
+    culprits so far, a lower bound); then, once gt's culprits are known and pass, what the check will cost, with
+    the set size as an upper bound (the check only removes)."""
+    for seed in range(2):
+        cands, w, t = additive_case(200, 0.01, 0.8, seed)
+        r = Rounds(additive(w, t), workers)
+        events: list[dict] = []
+        result = Auto().search(cands, r, progress=events.append,
+                               **({"batch": r.batch, "workers": workers} if workers > 1 else {}))
+        total = r.oracle.distinct
+        est = [d["estimate"] for d in events if "estimate" in d]
+        switched = next(i for i, e in enumerate(est) if e.get("at_least"))
+        fallback, *culprits = est[switched + 1:]
+        assert fallback["diffuse"] and not fallback.get("at_least") and not fallback.get("set_at_most")
+        assert fallback.get("set_at_least") and fallback["set_size"] <= len(result)
+        assert abs(math.log(fallback["evaluations"] / total)) < 0.5 * abs(
+            math.log(est[switched]["evaluations"] / total))
+        assert len(culprits) <= 1  # parallel rounds: only when gt's culprits pass (here they need repair)
+        if workers == 1:  # sequential gt's culprits pass here: the check's estimate comes, and is close
+            assert len(culprits) == 1
+            (last,) = culprits
+            assert last.get("set_at_most") and last["set_size"] >= len(result)
+            assert abs(math.log(last["evaluations"] / total)) < 0.2
+
+
+def test_no_fallback_estimate_where_the_ranked_search_goes_on():
+    cands, w, t = additive_case(275, 2.0, 0.05, 0)
+    events: list[dict] = []
+    Auto().search(cands, CountingOracle(additive(w, t)), progress=events.append)
+    est = [d["estimate"] for d in events if "estimate" in d]
+    assert est and not any(e.get("set_at_most") or e.get("set_at_least") for e in est)
 
 
 def test_early_fallback_leaves_a_concentrated_ranking_alone():

@@ -118,8 +118,9 @@ class SearchProgress:
 
     def __call__(self, info: dict) -> None:
         """Strategy `progress` hint: {"phase", "fp32_size", "best", "evaluations"}, and now and then an
-        "estimate" {"evaluations", "set_size", "diffuse", "advice"[, "at_least"]}: said once each time it changes
-        ("at_least": a lower bound, the diffuse search's first estimate, from the culprits found so far)."""
+        "estimate" {"evaluations", "set_size", "diffuse", "advice"[, "at_least"][, "set_at_most" | "set_at_least"]}: said
+        once each time it changes ("at_least": both are lower bounds, the diffuse search's first estimate, from the
+        culprits found so far; "set_at_most" / "set_at_least": only the set size is a bound)."""
         estimate = info.get("estimate")
         if isinstance(estimate, dict):
             self._on_estimate(estimate)
@@ -138,7 +139,9 @@ class SearchProgress:
         total, size = e.get("evaluations"), e.get("set_size")
         self.expected_total = int(total) if isinstance(total, (int, float)) else self.expected_total
         about = "at least" if e.get("at_least") else "about"  # the diffuse search's first: culprits so far
-        text = (f"estimate: {about} {total} evaluations in all, a set of {about} {size} node(s)"
+        size_about = ("at most" if e.get("set_at_most") else "at least" if e.get("set_at_least")  # bounds on the set
+                      else about)
+        text = (f"estimate: {about} {total} evaluations in all, a set of {size_about} {size} node(s)"
                 + ("; FP16 error is diffuse (many nodes each add a little)" if e.get("diffuse") else "")
                 + (f". {e['advice']}" if e.get("advice") else ""))
         if text != self.last_estimate:
