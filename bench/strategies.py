@@ -352,6 +352,10 @@ REGISTRY_CASES: list[tuple[str, str, list[str]]] = [
     # is met by keeping one node FP32 at any tolerance; on an image with text lines its error is diffuse
     ("ppocr-det", "text image, mean error ≤ 3e-5", ["--atol", "3e-5", "--rtol", "0", "--check-error-stat", "mean",
                                                     "@text-image"]),
+    # Issue 15, tenth round: tolerances no earlier round tuned on (held out; `--case "held out"` runs only these)
+    ("yolov8n", "atol = rtol = 2e-3 (held out)", ["--atol", "2e-3", "--rtol", "2e-3"]),
+    ("ppocr-rec", "atol = rtol = 2.5e-3 (held out)", ["--atol", "2.5e-3", "--rtol", "2.5e-3"]),
+    ("ppocr-rec", "atol = rtol = 4e-3 (held out)", ["--atol", "4e-3", "--rtol", "4e-3"]),
 ]
 
 

@@ -593,3 +593,24 @@ def test_early_fallback_one_minimal_on_arbitrary_functions(workers, n, seed, p):
     result = strategy.search(cands, r, **({"batch": r.batch, "workers": workers} if workers > 1 else {}))
     assert f(result) and is_one_minimal(f, result)
     assert all(size <= workers for size in r.sizes)
+
+
+@pytest.mark.parametrize("swaps", [1, 2, 4, 6])
+def test_swaps_asks_as_many_proposals_as_it_says(swaps):
+    """`swaps=N`: N distinct "drop two, add one" proposals are asked when none passes (before the tenth round the
+    loop restarted its proposals each round and stopped after 2 of the default 4)."""
+    cands, w, t = additive_case(200, 1.0, 0.05, 1)  # a case whose swaps all fail (checked below)
+    f = additive(w, t)
+    asked: list[frozenset] = []
+
+    def passes(s):
+        asked.append(frozenset(s))
+        return f(s)
+
+    events: list[tuple[str, int]] = []  # (phase, calls so far) per evaluation the strategy reports
+    result = Auto(swaps=swaps).search(cands, passes, progress=lambda ev: events.append((ev.get("phase"), len(asked))))
+    swap_calls = sorted({n for p, n in events if p == "swap"})
+    in_swap = [asked[n - 1] for n in swap_calls]
+    assert len(in_swap) == swaps and len(set(in_swap)) == swaps
+    assert not any(f(s) for s in in_swap)
+    assert all(len(s) == len(result) - 1 for s in in_swap)  # two out, one in
