@@ -118,6 +118,8 @@ def test_estimate_event_early_and_diffuse_flag():
     switched = next(e for e in est if e["diffuse"])
     assert switched.get("at_least") is True and "at_least" not in est[-1]
     assert est[-1]["set_size"] >= switched["set_size"]
+    # the last (the prefix is known) bounds the set from above: the shrink only removes
+    assert est[-1].get("set_at_most") is True
     sparse = []
     culprits = random_culprits(names(128), 2, 1)
     Auto().search(names(128), CountingOracle(monotone(culprits)), progress=sparse.append)
@@ -556,9 +558,10 @@ def test_fallback_says_what_gt_will_cost(workers):
 def test_no_fallback_estimate_where_the_ranked_search_goes_on():
     cands, w, t = additive_case(275, 2.0, 0.05, 0)
     events: list[dict] = []
-    Auto().search(cands, CountingOracle(additive(w, t)), progress=events.append)
+    result = Auto().search(cands, CountingOracle(additive(w, t)), progress=events.append)
     est = [d["estimate"] for d in events if "estimate" in d]
-    assert est and not any(e.get("set_at_most") or e.get("set_at_least") for e in est)
+    assert est and not any(e.get("set_at_least") for e in est)  # no fallback estimate
+    assert est[-1].get("set_at_most") and est[-1]["set_size"] >= len(result)  # the prefix's: an upper bound
 
 
 def test_early_fallback_leaves_a_concentrated_ranking_alone():
