@@ -729,7 +729,7 @@ def test_a_golden_outputs_summary_is_computed_once_while_it_lives(monkeypatch):
 
     calls = []
     real = compare.summary
-    monkeypatch.setattr(compare, "summary", lambda a: calls.append(a) or real(a))
+    monkeypatch.setattr(compare, "summary", lambda a, overwrite=False: calls.append(a) or real(a, overwrite))
     rng = np.random.default_rng(3)
     g = rng.standard_normal((4, 1000)).astype(np.float32)
     golden = Golden([{"y": g}], "computed", 1, 0.0)
