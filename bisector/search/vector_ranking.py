@@ -43,6 +43,7 @@ log = logging.getLogger("bisector")
 # (the exported encoder: 2; ppocr-cls: 2) a per-element model is a scalar sensitivity ranking; measured there
 # (docs/benchmarks.md, "Issue 15, seventh round") it gave fewer evaluations but larger sets than the probes.
 MIN_ELEMENTS = 1024
+SERIAL_FROM_BYTES = 4 << 20  # float output bytes (all outputs, input sets) from which the runs go one at a time
 
 
 def predicted_ranking(oracle: Any, first: Sequence[str] = (), excess: Any = None, *, top: int = 4096,
@@ -150,7 +151,7 @@ def _ranking(oracle: Any, backend: Any, first: Sequence[str], excess: Any, top: 
             g = np.asarray(g)
             if not np.issubdtype(g.dtype, np.floating):
                 continue
-            g = g.astype(np.float32).ravel()
+            g = np.ascontiguousarray(g, dtype=np.float32).reshape(-1)  # the golden itself where it is float32 already
             ge = np.where(g == 0, g + EPSILON, g)
             thr = np.maximum(tol.atol.get(name), tol.rtol.get(name) * np.abs(ge)) * tol.margin
             checks.append((s, name, g, np.maximum(thr, np.finfo(np.float32).tiny).astype(np.float32)))
@@ -174,18 +175,26 @@ def _ranking(oracle: Any, backend: Any, first: Sequence[str], excess: Any, top: 
             with lock:
                 runs[0] += 1
             for s2, name, g, thr in checks:
-                if s2 == s:
-                    z = (np.asarray(outs[name], np.float32).ravel() - g) / thr
-                    parts.append(np.nan_to_num(z, nan=1e6, posinf=1e6, neginf=-1e6))
-        return np.concatenate(parts)
+                if s2 == s:  # in place after the subtraction: one array per output (17 MB each on a recogniser
+                    # at batch 8, computed two at a time, were 4 temporaries each)
+                    z = np.asarray(outs[name], np.float32).ravel() - g
+                    np.divide(z, thr, out=z)
+                    parts.append(np.nan_to_num(z, copy=False, nan=1e6, posinf=1e6, neginf=-1e6))
+            del outs
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     k = max(64, min(top, int(4e9 / n**2)))  # the greedy costs about n²·k/2 element operations: ≤ ~2e9
+    # Runs one at a time where the outputs are large: such a model's runs are large too, its sessions already
+    # split their work over the cores, and two runs at once held two runs' activations (PP-OCRv4 recogniser at
+    # batch 8, 17 MB of output: +286 MB against +147 MB one at a time, for 6% less time; a 12 x 384
+    # transformer's 0.2 MB outputs: +18 MB, 27% less time with two)
+    threads = 1 if size * 4 >= SERIAL_FROM_BYTES else None
     one_off = getattr(backend, "one_off_plans", None)  # the single-node plans are not asked again: not kept
     with one_off() if callable(one_off) else contextlib.nullcontext():
         if size <= k:
-            z = np.stack(list(in_order(vector, n)))
+            z = np.stack(list(in_order(vector, n, threads)))
         else:
-            z = _at_risk(vector, n, size, k)
+            z = _at_risk(vector, n, size, k, threads)
     q = np.square(z, dtype=np.float64)  # one n x k float64 array: astype then ** 2 held two at once
     margin = float(tol.margin or 1.0)
     start = excess / margin if isinstance(excess, (int, float)) else None  # units: |z| <= 1 passes
@@ -288,7 +297,14 @@ class Prediction:
         return out
 
 
-def _at_risk(vector, n: int, size: int, k: int) -> np.ndarray:
+def _accumulate_squares(ss: np.ndarray, v: np.ndarray) -> None:
+    """ss += v² in float64 (what v.astype(float64) ** 2 adds), chunk by chunk: no float64 copy of v."""
+    step = 1 << 18
+    for lo in range(0, v.size, step):
+        ss[lo:lo + step] += np.square(v[lo:lo + step], dtype=np.float64)
+
+
+def _at_risk(vector, n: int, size: int, k: int, threads: int | None = None) -> np.ndarray:
     """The n vectors at the k elements with the largest Σ_i z_i², in one pass over the candidates: the vectors wait
     in an unlinked temporary file (TMPDIR; the page cache, not the process's memory: 303 vectors of 75k numbers
     held in memory took a 6 x 384 transformer's search from 241 to 561 MB), and are read back at those elements.
@@ -300,11 +316,14 @@ def _at_risk(vector, n: int, size: int, k: int) -> np.ndarray:
         # written and read back with plain file calls, not mapped: the pages of a mapped file count in the
         # process's resident memory (a memmap here cost the 6 x 384 search ~80 MB of RSS)
         with tempfile.TemporaryFile(prefix="bisector-vectors-") as f:
-            for v in in_order(vector, n):
+            v = None
+            for v in in_order(vector, n, threads):
                 v = np.ascontiguousarray(v, np.float32)
                 f.write(memoryview(v).cast("B"))
-                ss += v.astype(np.float64) ** 2
-            keep = np.argsort(-ss)[:k]
+                _accumulate_squares(ss, v)
+            del v
+            keep = np.argsort(np.negative(ss, out=ss))[:k]  # = argsort(-ss), without a copy of ss
+            del ss
             z = np.empty((n, k), np.float32)
             row = np.empty(size, np.float32)
             f.seek(0)
@@ -315,11 +334,12 @@ def _at_risk(vector, n: int, size: int, k: int) -> np.ndarray:
             return z
     except OSError:
         pass
-    ss[:] = 0.0
-    for v in in_order(vector, n):
-        ss += v.astype(np.float64) ** 2
-    keep = np.argsort(-ss)[:k]
-    return np.stack([v[keep] for v in in_order(vector, n)])
+    ss = np.zeros(size, np.float64)
+    for v in in_order(vector, n, threads):
+        _accumulate_squares(ss, v)
+    keep = np.argsort(np.negative(ss, out=ss))[:k]
+    del ss
+    return np.stack([v[keep] for v in in_order(vector, n, threads)])
 
 
 def in_order(vector, n: int, threads: int | None = None) -> Iterator[np.ndarray]:
