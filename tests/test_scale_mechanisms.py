@@ -752,3 +752,43 @@ def test_a_golden_outputs_summary_is_computed_once_while_it_lives(monkeypatch):
     compare.compare_output("y", w, w, tol)
     compare.compare_output("y", w, w, tol)
     assert len(calls) == 8
+
+
+def test_arena_shrink_changes_no_result_and_waits_for_growth(monkeypatch):
+    """The shared arena gives memory back after block runs with large inputs once the process has grown past
+    SHRINK_ABOVE x its peak before the search: the outputs are the same bit for bit, runs below the input
+    threshold never shrink, and a process that has not grown never does (where the time would be lost)."""
+    import bisector.backends.emulate.executor as ex
+
+    cat = Catalog.load(PLANTED)
+    x = {"x": np.random.default_rng(1).uniform(0, 1, (1, 4, 16, 16)).astype(np.float32)}
+    plans = _plans(cat, 6, seed=2)
+    calls: list[bool] = []
+    real = ex.NodeExecutor._run
+
+    def spy(self, key, sess, outputs, feed, shrink=False):
+        calls.append(shrink)
+        return real(self, key, sess, outputs, feed, shrink)
+
+    monkeypatch.setattr(ex.NodeExecutor, "_run", spy)
+    plain = EmulateBackend(block_size=16)
+    plain.open(cat)
+    expected = [plain.run(p, x)["y"] for p in plans]
+    assert calls and not any(calls)  # the planted model is tiny: never grown past 1.25 x, inputs under 1 MB
+    calls.clear()
+    monkeypatch.setenv("BISECTOR_ARENA_SHRINK_MB", "0")  # every block run qualifies by size...
+    shrinking = EmulateBackend(block_size=16)
+    shrinking.open(cat)
+    shrinking.executor._shrink_above = 0  # ...and the process counts as grown
+    got = [shrinking.run(p, x)["y"] for p in plans]
+    assert calls and all(calls)
+    for e, g in zip(expected, got):
+        np.testing.assert_array_equal(e, g)
+    calls.clear()
+    monkeypatch.setenv("BISECTOR_ARENA_SHRINK_MB", "-1")  # off
+    off = EmulateBackend(block_size=16)
+    off.open(cat)
+    off.executor._shrink_above = 0
+    for p in plans:
+        off.run(p, x)
+    assert calls and not any(calls)
