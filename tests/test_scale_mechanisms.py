@@ -755,9 +755,9 @@ def test_a_golden_outputs_summary_is_computed_once_while_it_lives(monkeypatch):
 
 
 def test_arena_shrink_changes_no_result_and_waits_for_growth(monkeypatch):
-    """The shared arena gives memory back after block runs with large inputs once the process has grown past
-    SHRINK_ABOVE x its peak before the search: the outputs are the same bit for bit, runs below the input
-    threshold never shrink, and a process that has not grown never does (where the time would be lost)."""
+    """BISECTOR_ARENA_SHRINK_MB: the shared arena gives memory back after block runs with inputs that large once
+    the process has grown past SHRINK_ABOVE x its peak before the search: the outputs are the same bit for bit;
+    off by default, and a process that has not grown never shrinks."""
     import bisector.backends.emulate.executor as ex
 
     cat = Catalog.load(PLANTED)
@@ -774,7 +774,14 @@ def test_arena_shrink_changes_no_result_and_waits_for_growth(monkeypatch):
     plain = EmulateBackend(block_size=16)
     plain.open(cat)
     expected = [plain.run(p, x)["y"] for p in plans]
-    assert calls and not any(calls)  # the planted model is tiny: never grown past 1.25 x, inputs under 1 MB
+    assert calls and not any(calls)  # off by default
+    calls.clear()
+    monkeypatch.setenv("BISECTOR_ARENA_SHRINK_MB", "0")
+    grown_not = EmulateBackend(block_size=16)
+    grown_not.open(cat)
+    for p in plans:
+        grown_not.run(p, x)
+    assert calls and not any(calls)  # the planted model's search never grows past 1.25 x the process's peak
     calls.clear()
     monkeypatch.setenv("BISECTOR_ARENA_SHRINK_MB", "0")  # every block run qualifies by size...
     shrinking = EmulateBackend(block_size=16)

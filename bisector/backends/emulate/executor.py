@@ -561,11 +561,12 @@ def _pooled_input_bytes() -> int:
 
 # The shared arena extends by exactly what each request needs, so blocks whose activations come in many sizes
 # leave a region per size behind: PP-OCRv4's recogniser at batch 8 held 415 MB over 11 evaluations, 2.2x one
-# plain inference. After a block run with large inputs (BISECTOR_ARENA_SHRINK_MB, default 1; negative: never),
+# plain inference. With BISECTOR_ARENA_SHRINK_MB=M (off by default), after a block run whose inputs reach M MB,
 # in a process that has grown past SHRINK_ABOVE x its peak before the search, the arena frees its unused chunks
-# (ORT's run option; the results are the same): 415 -> 348 MB there, +19% time (1.5 x: 395 MB). Shrinking
-# after every run cost a 12 x 384 transformer's diffuse search 27% more time for 2% less memory (its blocks'
-# inputs are under 1 MB: never now), and YOLOv8n at 640 x 640 14% for 2% (12% now: it grows past 1.25 x).
+# (ORT's run option; the results are the same). Measured at M = 1 (docs/benchmarks.md, "Scale, tenth round"):
+# the recogniser's whole search 524 -> 471 MB for 111 -> 138 s, YOLOv8n at 4 x 960 x 960 720 -> 685 MB for
+# 14.8 -> 17.8 s: memory for time, so the user's call. Shrinking after every run regardless cost a 12 x 384
+# transformer's diffuse search 27% more time for 2% less memory.
 _SHRINK = ort.RunOptions()
 _SHRINK.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
 SHRINK_ABOVE = 1.25
@@ -573,9 +574,9 @@ SHRINK_ABOVE = 1.25
 
 def _shrink_from_bytes() -> float:
     try:
-        mb = float(os.environ.get("BISECTOR_ARENA_SHRINK_MB", "1"))
+        mb = float(os.environ.get("BISECTOR_ARENA_SHRINK_MB", "-1"))
     except ValueError:
-        mb = 1.0
+        mb = -1.0
     return float("inf") if mb < 0 else mb * 2**20
 
 
