@@ -129,7 +129,7 @@ def compare_output(name: str, actual: np.ndarray, golden: np.ndarray, tol: Toler
     else:
         a, g = _up(actual), _up(golden)
         with np.errstate(all="ignore"):
-            absdiff = np.subtract(a, g)
+            absdiff = np.asarray(np.subtract(a, g))  # a 0-d output subtracts to a NumPy scalar
             np.abs(absdiff, out=absdiff)
     # The full-size arrays are absdiff and reldiff (their summaries need all elements); everything derived from
     # them goes chunk by chunk, with the same elementwise operations, so the numbers are those of whole-array

@@ -53,3 +53,16 @@ def test_comparing_a_large_output_keeps_temporaries_bounded():
         tracemalloc.stop()
     assert r.size == g.size and 0 < r.excess < 1
     assert peak < 3 * g.nbytes, f"{peak / g.nbytes:.1f}x the output"
+
+
+@pytest.mark.parametrize("stat", ["elemwise", "max", "mean", "median"])
+def test_scalar_and_empty_outputs(stat):
+    """A 0-d output (a loss, a score) and an empty one compare like any other (NumPy subtracts 0-d arrays to a
+    scalar, which the in-place steps must not trip on)."""
+    r = compare_output("loss", np.float32(1.5).reshape(()), np.float32(1.0).reshape(()), _tol(stat))
+    assert not r.passed and r.size == 1 and r.required_abs == pytest.approx(0.5) and r.excess > 1
+    assert r.abs["median"] == pytest.approx(0.5) and r.rel["max"] == pytest.approx(0.5)
+    same = compare_output("loss", np.float32(1.0).reshape(()), np.float32(1.0).reshape(()), _tol(stat))
+    assert same.passed and same.excess == 0.0
+    empty = compare_output("none", np.zeros((0, 3), np.float32), np.zeros((0, 3), np.float32), _tol(stat))
+    assert empty.passed and empty.size == 0
