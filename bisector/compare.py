@@ -177,8 +177,10 @@ def _chunks(n: int) -> Iterator[tuple[int, int]]:
 
 def _relative(absdiff: np.ndarray, g: np.ndarray) -> np.ndarray:
     """absdiff / |golden| (a zero golden counts as EPSILON), chunk by chunk into one new array."""
-    reldiff = np.empty_like(absdiff)
-    flat_a, flat_g, flat_r = absdiff.reshape(-1), g.reshape(-1), reldiff.reshape(-1)
+    # C order, so that its flat view is written in place (with Fortran-ordered or strided outputs, which backends
+    # do not return, a float32 mean of it can differ from whole-array NumPy's in the last bits: summation order)
+    reldiff = np.empty(absdiff.shape, absdiff.dtype)
+    flat_a, flat_g, flat_r = absdiff.reshape(-1), g.reshape(-1), reldiff.reshape(-1)  # (the first two may copy)
     floating = np.issubdtype(g.dtype, np.floating)
     with np.errstate(all="ignore"):
         for lo, hi in _chunks(flat_a.size):

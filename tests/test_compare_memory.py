@@ -66,3 +66,19 @@ def test_scalar_and_empty_outputs(stat):
     assert same.passed and same.excess == 0.0
     empty = compare_output("none", np.zeros((0, 3), np.float32), np.zeros((0, 3), np.float32), _tol(stat))
     assert empty.passed and empty.size == 0
+
+
+def test_fortran_ordered_and_strided_outputs_compare_correctly(monkeypatch):
+    """Layouts other than C order (a Fortran-ordered or sliced output) are compared element for element: the
+    relative error is written where it is read (a flat view of a non-C array would be a copy)."""
+    monkeypatch.setattr(compare, "_CHUNK", 7)
+    rng = np.random.default_rng(9)
+    g = rng.standard_normal((9, 13, 5)).astype(np.float32)
+    a = g + np.float32(2e-3) * (rng.random(g.shape) > 0.5)
+    want = compare_output("y", np.ascontiguousarray(a), np.ascontiguousarray(g), _tol("elemwise"))
+    for a2, g2 in ((np.asfortranarray(a), np.asfortranarray(g)), (np.asfortranarray(a), g),
+                   (a.transpose(2, 0, 1), g.transpose(2, 0, 1))):
+        got = compare_output("y", a2, g2, _tol("elemwise"))
+        assert got.mismatches == want.mismatches and got.excess == want.excess
+        assert got.rel["max"] == want.rel["max"] and got.rel["median"] == want.rel["median"]
+        assert got.rel["mean"] == pytest.approx(want.rel["mean"], rel=1e-6)
