@@ -223,6 +223,38 @@ def test_elements_at_risk_from_vectors_kept_on_disk_match_vectors_held_in_memory
     assert np.array_equal(vector_ranking._at_risk(vector, n, size, k), want) and calls[0] == 2 * n
 
 
+def test_vectors_that_would_fill_the_temporary_directory_are_computed_twice(monkeypatch, tmp_path):
+    """All n vectors go to TMPDIR only when they take at most half its free space (on a tmpfs that space is
+    memory): beyond that the two passes give the same columns without the file."""
+    import shutil
+    import tempfile
+    from collections import namedtuple
+
+    from bisector.search import vector_ranking
+
+    rng = np.random.default_rng(6)
+    n, size, k = 20, 500, 16
+    rows = [rng.standard_normal(size).astype(np.float32) for _ in range(n)]
+    z = np.stack(rows)
+    want = z[:, np.argsort(-(z.astype(np.float64) ** 2).sum(0))[:k]]
+    calls = [0]
+
+    def vector(i):
+        calls[0] += 1
+        return rows[i].copy()
+
+    opened = []
+    real_tf = tempfile.TemporaryFile
+    monkeypatch.setattr(tempfile, "TemporaryFile", lambda *a, **kw: opened.append(1) or real_tf(*a, **kw))
+    usage = namedtuple("usage", "total used free")
+    need = n * size * 4
+    for free, file_used in ((2 * need, True), (2 * need - 8, False)):
+        monkeypatch.setattr(shutil, "disk_usage", lambda path, free=free: usage(free * 4, free * 3, free))
+        calls[0], opened[:] = 0, []
+        assert np.array_equal(vector_ranking._at_risk(vector, n, size, k), want)
+        assert bool(opened) == file_used and calls[0] == (n if file_used else 2 * n)
+
+
 def test_single_node_runs_stop_at_the_time_limit():
     """The ranking's emulator runs are search work: a spent --time-limit stops them (BudgetExhausted, which the
     driver turns into the best set so far), and they run on several threads in candidate order."""

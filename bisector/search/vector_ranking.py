@@ -309,10 +309,15 @@ def _at_risk(vector, n: int, size: int, k: int, threads: int | None = None) -> n
     in an unlinked temporary file (TMPDIR; the page cache, not the process's memory: 303 vectors of 75k numbers
     held in memory took a 6 x 384 transformer's search from 241 to 561 MB), and are read back at those elements.
     Where no temporary file can be written, the vectors are computed twice (first the sums, then the elements)."""
+    import shutil
     import tempfile
 
     ss = np.zeros(size, np.float64)
     try:
+        # The file holds all n vectors (n x size x 4 bytes: 6.8 GB for a recogniser at batch 8). Where that is
+        # more than half the free space of TMPDIR (on a tmpfs: memory), compute the vectors twice instead.
+        if n * size * 4 > shutil.disk_usage(tempfile.gettempdir()).free // 2:
+            raise OSError("the vectors would fill the temporary directory")
         # written and read back with plain file calls, not mapped: the pages of a mapped file count in the
         # process's resident memory (a memmap here cost the 6 x 384 search ~80 MB of RSS)
         with tempfile.TemporaryFile(prefix="bisector-vectors-") as f:
