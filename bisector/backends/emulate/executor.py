@@ -96,6 +96,7 @@ class NodeExecutor:
         # The arena gives memory back only where the process has grown past SHRINK_ABOVE x its peak so far (what
         # loading the model and the golden inference took): see `_SHRINK`
         self._shrink_above = _peak_rss_bytes() * SHRINK_ABOVE
+        self._shrink_from = _shrink_from_bytes()  # read once: the check runs before every block run
         self.sessions_built = 0
         self.build_seconds = 0.0  # time spent building sessions (a one-time cost per node variant and block)
 
@@ -474,8 +475,8 @@ class NodeExecutor:
             sess = self._keep(key, self._session(
                 nodes, f"block {block.index} ({block.nodes[0].name}..{block.nodes[-1].name})", feed, weights,
                 list(block.outputs)))
-        shrink = (sum(int(getattr(v, "nbytes", 0)) for v in feed.values()) >= _shrink_from_bytes()
-                  and _rss_bytes() > self._shrink_above)
+        shrink = (self._shrink_from < float("inf") and _rss_bytes() > self._shrink_above
+                  and sum(int(getattr(v, "nbytes", 0)) for v in feed.values()) >= self._shrink_from)
         try:
             return self._run(key, sess, None, feed, shrink)
         except Exception as exc:
@@ -594,7 +595,7 @@ def _peak_rss_bytes() -> int:
     try:
         import resource
 
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux (bytes on macOS: never shrinks)
         return int(peak) * 1024 if peak > 0 else 1 << 62
     except (ImportError, OSError):
         return 1 << 62
