@@ -92,7 +92,7 @@ class Auto(GroupTesting):
     Options (besides ``gt``'s): ``diffuse_after`` — switch to the ranked search when more culprits than this have
     been found (0 disables the switch); ``probes`` — random tests for the first-order ranking when no scores
     are given (default: about 0.15·N, 16–64); ``swaps`` — "drop two, add one" tries after the shrink (default 2:
-    what the default of 4 asked before its loop was fixed, tenth round; 4 real tries cost 11% more evaluations for
+    about what the default of 4 asked before its loop was fixed, tenth round; 4 real tries cost 11% more evaluations for
     a 1% smaller set in all on 24 additive cases, an accepted swap paying a whole new 1-minimality check);
     ``seed`` — the probes' generator seed; ``shrink`` — "groups" (adaptive chunks, default) or "single" (one
     node at a time); ``cyclic`` — cyclic 1-minimality sweeps (default True; False: ``gt``'s
@@ -702,7 +702,7 @@ class Auto(GroupTesting):
                 break
             # the next proposals not asked yet, in order: the j-th best-ranked outsider in for the lowest-ranked
             # member and the (j+1)-th lowest. (Before, j restarted at 0 each round and stopped at swaps - tries,
-            # so a round whose proposals were all asked ended the swaps: 2 tries of the default 4 on one worker.)
+            # so a round whose proposals were all asked ended the swaps: mostly 2 tries of the default 4.)
             want = min(max(1, ask.parallel), self.swaps - tries)
             proposals: list[frozenset[str]] = []
             heavy = max(result, key=lambda x: (costs[x], -pos[x])) if costs is not None else None

@@ -118,8 +118,8 @@ class SearchProgress:
 
     def __call__(self, info: dict) -> None:
         """Strategy `progress` hint: {"phase", "fp32_size", "best", "evaluations"}, and now and then an
-        "estimate" {"evaluations", "set_size", "diffuse", "advice"[, "at_least"][, "set_at_most" | "set_at_least"]}: said
-        once each time it changes ("at_least": both are lower bounds, the diffuse search's first estimate, from the
+        "estimate" {"evaluations", "set_size", "diffuse", "advice"[, "at_least"][, "set_at_most" | "set_at_least"]}:
+        said once each time it changes ("at_least": both are lower bounds, the diffuse search's first estimate, from the
         culprits found so far; "set_at_most" / "set_at_least": only the set size is a bound)."""
         estimate = info.get("estimate")
         if isinstance(estimate, dict):

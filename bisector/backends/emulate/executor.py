@@ -396,7 +396,8 @@ class NodeExecutor:
             sess._bisector_pooled = lambda: self._session(nodes, what, types, weights, outputs, pooled=True)  # type: ignore[attr-defined]
         return sess
 
-    def _run(self, key: tuple, sess: ort.InferenceSession, outputs, feed, shrink: bool = False) -> list[np.ndarray]:
+    def _run(self, key: tuple, sess: ort.InferenceSession, outputs, feed,
+             shrink: bool = False) -> list[np.ndarray]:
         """`sess.run`; after a session's first run, one whose run took POOL_FROM_SECONDS or more on the caller's
         thread is rebuilt with an intra-op pool for its later runs (ORT's kernels give the same results at
         any thread count: tests/test_scale_mechanisms.py). `shrink`: the shared arena gives back its unused
