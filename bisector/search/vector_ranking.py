@@ -312,12 +312,12 @@ def _at_risk(vector, n: int, size: int, k: int, threads: int | None = None) -> n
     import shutil
     import tempfile
 
-    ss = np.zeros(size, np.float64)
     try:
         # The file holds all n vectors (n x size x 4 bytes: 6.8 GB for a recogniser at batch 8). Where that is
         # more than half the free space of TMPDIR (on a tmpfs: memory), compute the vectors twice instead.
         if n * size * 4 > shutil.disk_usage(tempfile.gettempdir()).free // 2:
             raise OSError("the vectors would fill the temporary directory")
+        ss = np.zeros(size, np.float64)
         # written and read back with plain file calls, not mapped: the pages of a mapped file count in the
         # process's resident memory (a memmap here cost the 6 x 384 search ~80 MB of RSS)
         with tempfile.TemporaryFile(prefix="bisector-vectors-") as f:
@@ -338,7 +338,7 @@ def _at_risk(vector, n: int, size: int, k: int, threads: int | None = None) -> n
                 z[i] = row[keep]
             return z
     except OSError:
-        pass
+        ss = None  # a first pass cut short: its sums go before the two-pass sums are allocated
     ss = np.zeros(size, np.float64)
     for v in in_order(vector, n, threads):
         _accumulate_squares(ss, v)
