@@ -517,3 +517,52 @@ def test_the_sooner_switch_is_for_the_emulate_backend_only(monkeypatch):
         assert vector_ranking.rankable(oracle) and vector_ranking.RankingHint(oracle).exact_backend is False
     finally:
         job.close()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_scaled_error_is_the_old_definition_bit_for_bit(seed):
+    """(out - g) / thr with NaN and ±inf as ±1e6: the guard that skips nan_to_num when nothing is non-finite
+    must not skip it when something is, including finite values whose float32 sum would overflow."""
+    from bisector.search.vector_ranking import scaled_error
+
+    rng = np.random.default_rng(seed)
+    n = 5000
+    g = rng.standard_normal(n).astype(np.float32)
+    thr = np.abs(rng.standard_normal(n)).astype(np.float32) + np.float32(1e-3)
+    outs = [g + rng.standard_normal(n).astype(np.float32)]
+    for bad in (np.nan, np.inf, -np.inf):
+        o = outs[0].copy()
+        o[rng.integers(0, n, 3)] = bad
+        outs.append(o)
+    huge = outs[0].copy()
+    huge[:100] = np.float32(3e38)  # finite, each z finite, the float32 sum overflows
+    outs.append(huge)
+    tiny = thr.copy()
+    tiny[:5] = np.float32(1e-38)  # a finite error over a tiny threshold overflows to inf in the division
+    for out in outs:
+        for t in (thr, tiny):
+            with np.errstate(all="ignore"):
+                want = np.asarray(out, np.float32).ravel() - g
+                np.divide(want, t, out=want)
+                want = np.nan_to_num(want, copy=False, nan=1e6, posinf=1e6, neginf=-1e6)
+                got = scaled_error(out, g, t)
+            assert got.dtype == np.float32 and np.array_equal(got, want)
+            assert np.isfinite(got).all()
+
+
+@pytest.mark.parametrize("atol,rtol,margin", [(1e-2, 1e-2, 1.0), (0.0, 1e-3, 0.9), (1e-5, 0.0, 1.0),
+                                              (np.float64(1e-3), np.float64(2e-3), np.float64(1.1))])
+def test_threshold_chunk_by_chunk_is_the_whole_array_formula(monkeypatch, atol, rtol, margin):
+    from bisector.compare import EPSILON
+    from bisector.search import vector_ranking as vr
+
+    monkeypatch.setattr(vr, "_STEP", 1000)
+    rng = np.random.default_rng(0)
+    g = (rng.standard_normal(4321) * 10.0 ** rng.integers(-40, 5, 4321)).astype(np.float32)
+    g[::7] = 0.0
+    g[3] = -0.0
+    ge = np.where(g == 0, g + EPSILON, g)
+    thr = np.maximum(atol, rtol * np.abs(ge)) * margin
+    want = np.maximum(thr, np.finfo(np.float32).tiny).astype(np.float32)
+    got = vr._threshold(g, atol, rtol, margin)
+    assert got.dtype == np.float32 and np.array_equal(got, want)
