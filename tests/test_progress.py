@@ -108,3 +108,46 @@ def test_strategy_estimate_is_said_once_and_drives_the_eta():
     assert p.expected_total == 300
     p({"estimate": {"evaluations": 900, "set_size": 9, "diffuse": True, "advice": "", "set_at_least": True}})
     assert "estimate: about 900 evaluations in all, a set of at least 9 node(s)" in stream.getvalue()
+
+
+def test_ranking_runs_are_shown_and_left_out_of_the_time_per_evaluation():
+    """The predicted ranking's runs (no evaluations) appear as they go — a plain line every 10 s and the last,
+    the live panel's phase row — and their seconds do not count in the time per evaluation, so the time left
+    after them is not inflated by them."""
+    stream, clock = io.StringIO(), Clock()
+    p = SearchProgress(400, stream=stream, live=False, clock=clock)
+    p.start()
+    for _ in range(10):
+        clock.t += 1
+        p.on_verdict(FakeVerdict(frozenset({"a", "b"}), False))
+    assert p.per_eval() == 1.0
+    p({"phase": "predict"})
+    for runs in range(1, 401, 20):  # 80 s of runs, reported every 4 s
+        clock.t += 4
+        p({"ranking": {"runs": runs, "total": 400, "seconds": 4.0 * (runs // 20 + 1)}})
+        assert p.per_eval() == 1.0  # the runs are not evaluations
+    clock.t += 4
+    p({"ranking": {"runs": 400, "total": 400, "seconds": 84.0}})
+    lines = [ln for ln in stream.getvalue().splitlines() if "ranking:" in ln]
+    assert 8 <= len(lines) <= 10  # every 10 s of 84, and the last
+    assert "single-node emulator runs (not evaluations)" in lines[0] and "s left" not in lines[0]  # 1 run: no guide
+    assert all("s left" in ln for ln in lines[1:-1])
+    assert lines[-1].endswith("ranking: 400/400 single-node emulator runs (not evaluations), 84.0s")
+    clock.t += 2
+    p.on_verdict(FakeVerdict(frozenset({"a"}), True))
+    assert abs(p.per_eval() - 12.0 / 11) < 1e-9
+    p.stop()
+
+
+def test_live_panel_shows_the_ranking_runs_on_the_phase_row():
+    stream = io.StringIO()
+    with SearchProgress(4, stream=stream, live=True) as p:
+        p({"phase": "predict", "ranking": {"runs": 100, "total": 400, "seconds": 10.0}})
+        assert p.ranking == {"runs": 100, "total": 400, "seconds": 10.0}
+        from rich.console import Console
+
+        out = io.StringIO()
+        Console(file=out, width=200).print(p._render())
+        assert "predict (100/400 single-node runs, ~30s left)" in out.getvalue()
+        p({"ranking": {"runs": 400, "total": 400, "seconds": 40.0}})
+        assert p.ranking is None and p.ranking_seconds == 40.0

@@ -184,8 +184,12 @@ def test_driver_offers_the_predicted_ranking(monkeypatch):
     job = _job()
     try:
         oracle = job.oracle()
-        result = driver.run_search(oracle, "auto")
+        events: list[dict] = []
+        result = driver.run_search(oracle, "auto", progress=events.append)
         assert sorted(seen["rank"]) == sorted(oracle.candidates)
+        # the runs reach the progress display as they go (no evaluations): the last one always
+        runs = [e["ranking"] for e in events if "ranking" in e]
+        assert runs and runs[-1]["runs"] == runs[-1]["total"] == len(oracle.candidates)
         # the ranking's runs are reported apart from the evaluations (constraints.json, the report)
         assert result.evaluations["emulator_runs"] == len(oracle.candidates)
         assert result.evaluations["new"] == oracle.new
@@ -566,3 +570,64 @@ def test_threshold_chunk_by_chunk_is_the_whole_array_formula(monkeypatch, atol, 
     want = np.maximum(thr, np.finfo(np.float32).tiny).astype(np.float32)
     got = vr._threshold(g, atol, rtol, margin)
     assert got.dtype == np.float32 and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_ranking_runs_are_reported_as_they_come_in_the_callers_thread(monkeypatch, threads):
+    """`on_run(done, total)`: once per candidate's vector, in order, in the thread that asked — in memory, through
+    the temporary file, and over both passes (total 2n) where no file can be written."""
+    import tempfile
+    import threading
+
+    from bisector.search import vector_ranking
+
+    rng = np.random.default_rng(7)
+    n, size, k = 12, 400, 16
+    rows = [rng.standard_normal(size).astype(np.float32) for _ in range(n)]
+    caller = threading.get_ident()
+
+    def vector(i):
+        return rows[i].copy()
+
+    for path in ("memory", "file", "two passes"):
+        seen: list[tuple[int, int]] = []
+
+        def on_run(done, total):
+            assert threading.get_ident() == caller
+            seen.append((done, total))
+
+        if path == "memory":
+            z = np.stack(list(vector_ranking.in_order(vector, n, threads, vector_ranking._Counter(on_run, n))))
+            assert np.array_equal(z, np.stack(rows))
+            want = [(i + 1, n) for i in range(n)]
+        else:
+            if path == "two passes":
+                monkeypatch.setattr(tempfile, "TemporaryFile", lambda *a, **kw: (_ for _ in ()).throw(OSError(28, "full")))
+            vector_ranking._at_risk(vector, n, size, k, threads, on_run)
+            total = n if path == "file" else 2 * n
+            want = [(i + 1, total) for i in range(total)]
+        assert seen == want, path
+
+
+def test_the_ranking_hint_sends_progress_at_most_once_a_second_and_always_the_last():
+    from bisector.search.vector_ranking import RankingHint
+
+    now = [100.0]
+    events: list[dict] = []
+    hint = RankingHint.__new__(RankingHint)  # no oracle needed: only the progress part is under test
+    hint._progress, hint._every, hint._clock = events.append, 1.0, lambda: now[0]
+    on_run = hint._on_run()
+    for done in range(1, 11):
+        now[0] += 0.4
+        on_run(done, 10)
+    got = [(e["ranking"]["runs"], round(e["ranking"]["seconds"], 1)) for e in events]
+    assert got == [(1, 0.4), (4, 1.6), (7, 2.8), (10, 4.0)]
+    assert all(e["ranking"]["total"] == 10 for e in events)
+
+    def broken(event):
+        raise RuntimeError("display gone")
+
+    hint._progress = broken
+    hint._on_run()(1, 1)  # a failing display never fails the search
+    hint._progress = None
+    assert hint._on_run() is None

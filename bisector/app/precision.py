@@ -34,7 +34,9 @@ class SearchObserver(Protocol):
 
     def on_verdict(self, verdict: Verdict) -> None: ...
 
-    def __call__(self, event: dict) -> None: ...  # the strategies' progress events
+    # the strategies' progress events (strategies/__init__.py), and the driver's {"ranking": {"runs", "total",
+    # "seconds"}} while the predicted ranking's single-node emulator runs go (they are not evaluations)
+    def __call__(self, event: dict) -> None: ...
 
     def end(self) -> None: ...
 

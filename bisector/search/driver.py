@@ -102,7 +102,7 @@ def run_search(
     # A ranking predicted from each candidate's own output error (emulator runs, no evaluations), computed only
     # when a strategy asks (auto: when its search turns diffuse); None where the backend cannot provide it
     ranking: dict[str, Any] = {}  # what the ranking cost, for the report (runs are not evaluations)
-    all_hints.setdefault("predicted_ranking", RankingHint(oracle, ranking))
+    all_hints.setdefault("predicted_ranking", RankingHint(oracle, ranking, progress=progress))
     try:
         if start is None:
             answer = frozenset(strategy.search(candidates, oracle.passes, **all_hints))

@@ -28,7 +28,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -48,14 +48,15 @@ SERIAL_FROM_BYTES = 4 << 20  # float output bytes (all outputs, input sets) from
 
 def predicted_ranking(oracle: Any, first: Sequence[str] = (), excess: Any = None, *, top: int = 4096,
                       min_elements: int | None = None,
-                      stats: dict | None = None) -> list[str] | None:
+                      stats: dict | None = None, on_run: Callable[[int, int], None] | None = None) -> list[str] | None:
     """All candidates of ``oracle``, ``first`` first, then by the greedy order above; None where not supported.
 
     ``excess``: the real excess (error / tolerance) of the plan keeping ``first`` FP32, for the calibration
     (None: no calibration), or a callable returning it, called only when the ranking can be computed (so a
     caller that must spend an evaluation on it spends nothing where the answer is None). ``stats`` (optional)
     receives ``runs`` (single-node emulator runs), ``seconds`` and ``predicted_prefix`` (how many nodes the model
-    says must be FP32)."""
+    says must be FP32). ``on_run(done, total)`` (optional): called in the caller's thread as the candidates' runs
+    come in (total: the candidates, twice that where the vectors are computed twice)."""
     backend = getattr(oracle, "backend", None)
     own = None
     if not _is_emulator(backend):
@@ -65,7 +66,7 @@ def predicted_ranking(oracle: Any, first: Sequence[str] = (), excess: Any = None
         if backend is None:
             return None
     try:
-        return _ranking(oracle, backend, first, excess, top, min_elements, stats)
+        return _ranking(oracle, backend, first, excess, top, min_elements, stats, on_run)
     finally:
         if own is not None:
             own.close()
@@ -109,17 +110,41 @@ class RankingHint:
     device's: there the sooner switch cost more device evaluations (H100, ORT-CUDA, four cases: 1112 -> 1215;
     docs/verification.md, "Issue 15, ninth round"), so it is False and the hint is used at the usual switch."""
 
-    def __init__(self, oracle: Any, stats: dict | None = None):
+    def __init__(self, oracle: Any, stats: dict | None = None, progress: Callable[[dict], None] | None = None,
+                 every: float = 1.0, clock: Callable[[], float] = time.monotonic):
         self._oracle, self.stats = oracle, stats if stats is not None else {}
         backend = getattr(oracle, "backend", None)
         self.exact_backend = _is_emulator(backend) and rankable(oracle)
+        self._progress, self._every, self._clock = progress, every, clock
 
     def __call__(self, first: Sequence[str] = (), excess: Any = None) -> "Ranking | None":
-        rank = predicted_ranking(self._oracle, list(first), excess, stats=self.stats)
+        rank = predicted_ranking(self._oracle, list(first), excess, stats=self.stats, on_run=self._on_run())
         if self.stats.get("runs"):
             log.info("predicted ranking: %d single-node emulator runs in %.1f s (not evaluations)",
                      self.stats["runs"], self.stats.get("seconds", 0.0))
         return rank
+
+    def _on_run(self) -> Callable[[int, int], None] | None:
+        """The runs as a ``{"ranking": {"runs", "total", "seconds"}}`` progress event, at most one per ``every``
+        seconds besides the first and the last: the runs are no evaluations, and on a large model they take
+        minutes (403 runs, 65 s, on a recogniser at batch 8) that a progress display otherwise shows as a stall."""
+        progress = self._progress
+        if not callable(progress):
+            return None
+        t0 = self._clock()
+        last = [None]
+
+        def on_run(done: int, total: int) -> None:
+            now = self._clock()
+            if last[0] is not None and done < total and now - last[0] < self._every:
+                return
+            last[0] = now
+            try:
+                progress({"ranking": {"runs": done, "total": total, "seconds": now - t0}})
+            except Exception:  # noqa: BLE001 - a display, never a reason to fail the search
+                log.debug("ranking progress callback failed", exc_info=True)
+
+        return on_run
 
 
 def _emulator_for(backend: Any) -> Any:
@@ -135,7 +160,7 @@ def _emulator_for(backend: Any) -> Any:
 
 
 def _ranking(oracle: Any, backend: Any, first: Sequence[str], excess: Any, top: int, min_elements: int | None,
-             stats: dict | None) -> list[str] | None:
+             stats: dict | None, on_run: Callable[[int, int], None] | None = None) -> list[str] | None:
     t0 = time.perf_counter()
     cands = list(oracle.candidates)
     n = len(cands)
@@ -187,9 +212,9 @@ def _ranking(oracle: Any, backend: Any, first: Sequence[str], excess: Any, top: 
     one_off = getattr(backend, "one_off_plans", None)  # the single-node plans are not asked again: not kept
     with one_off() if callable(one_off) else contextlib.nullcontext():
         if size <= k:
-            z = np.stack(list(in_order(vector, n, threads)))
+            z = np.stack(list(in_order(vector, n, threads, _Counter(on_run, n))))
         else:
-            z = _at_risk(vector, n, size, k, threads)
+            z = _at_risk(vector, n, size, k, threads, on_run)
     q = np.square(z, dtype=np.float64)  # one n x k float64 array: astype then ** 2 held two at once
     margin = float(tol.margin or 1.0)
     start = excess / margin if isinstance(excess, (int, float)) else None  # units: |z| <= 1 passes
@@ -326,7 +351,20 @@ def _accumulate_squares(ss: np.ndarray, v: np.ndarray) -> None:
         ss[lo:lo + _STEP] += np.square(v[lo:lo + _STEP], dtype=np.float64)
 
 
-def _at_risk(vector, n: int, size: int, k: int, threads: int | None = None) -> np.ndarray:
+class _Counter:
+    """``on_run(done, total)`` for the vectors as they are yielded (the consumer's thread); passes counted on."""
+
+    def __init__(self, on_run: Callable[[int, int], None] | None, total: int) -> None:
+        self.on_run, self.total, self.done = on_run, total, 0
+
+    def __call__(self) -> None:
+        self.done += 1
+        if self.on_run is not None:
+            self.on_run(self.done, self.total)
+
+
+def _at_risk(vector, n: int, size: int, k: int, threads: int | None = None,
+             on_run: Callable[[int, int], None] | None = None) -> np.ndarray:
     """The n vectors at the k elements with the largest Σ_i z_i², in one pass over the candidates: the vectors wait
     in an unlinked temporary file (TMPDIR; the page cache, not the process's memory: 303 vectors of 75k numbers
     held in memory took a 6 x 384 transformer's search from 241 to 561 MB), and are read back at those elements.
@@ -344,7 +382,7 @@ def _at_risk(vector, n: int, size: int, k: int, threads: int | None = None) -> n
         # process's resident memory (a memmap here cost the 6 x 384 search ~80 MB of RSS)
         with tempfile.TemporaryFile(prefix="bisector-vectors-") as f:
             v = None
-            for v in in_order(vector, n, threads):
+            for v in in_order(vector, n, threads, _Counter(on_run, n)):
                 v = np.ascontiguousarray(v, np.float32)
                 f.write(memoryview(v).cast("B"))
                 _accumulate_squares(ss, v)
@@ -362,23 +400,27 @@ def _at_risk(vector, n: int, size: int, k: int, threads: int | None = None) -> n
     except OSError:
         ss = None  # a first pass cut short: its sums go before the two-pass sums are allocated
     ss = np.zeros(size, np.float64)
-    for v in in_order(vector, n, threads):
+    count = _Counter(on_run, 2 * n)  # both passes
+    for v in in_order(vector, n, threads, count):
         _accumulate_squares(ss, v)
     keep = np.argsort(np.negative(ss, out=ss))[:k]
     del ss
-    return np.stack([v[keep] for v in in_order(vector, n, threads)])
+    return np.stack([v[keep] for v in in_order(vector, n, threads, count)])
 
 
-def in_order(vector, n: int, threads: int | None = None) -> Iterator[np.ndarray]:
+def in_order(vector, n: int, threads: int | None = None, done: Callable[[], None] | None = None) -> Iterator[np.ndarray]:
     """vector(0), ..., vector(n - 1), computed `threads` at a time (the emulate backend takes concurrent runs,
     as evaluation threads do; its block sessions mostly run on one thread each), yielded in order, at most
-    2 x threads computed ahead."""
+    2 x threads computed ahead. ``done()`` is called in the consumer's thread as each one is ready."""
     from bisector.cores import usable_cores
 
     threads = threads or usable_cores()
     if threads <= 1 or n <= 1:
         for i in range(n):
-            yield vector(i)
+            v = vector(i)
+            if done is not None:
+                done()
+            yield v
         return
     with ThreadPoolExecutor(threads, thread_name_prefix="bisector-ranking") as pool:
         pending: deque = deque()
@@ -388,7 +430,10 @@ def in_order(vector, n: int, threads: int | None = None) -> Iterator[np.ndarray]
                 while nxt < n and len(pending) < 2 * threads:
                     pending.append(pool.submit(vector, nxt))
                     nxt += 1
-                yield pending.popleft().result()
+                v = pending.popleft().result()
+                if done is not None:
+                    done()
+                yield v
         finally:
             for fut in pending:
                 fut.cancel()
