@@ -262,7 +262,7 @@ class Auto(GroupTesting):
     # ------------------------------------------------------------------ estimate event
     def _estimate(self, ask: Asker, n: int, k: int, diffuse: bool, final: bool = False, size: int | None = None,
                   evaluations: int | None = None, at_least: bool = False, at_most_set: bool = False,
-                  at_least_set: bool = False) -> None:
+                  at_least_set: bool = False, ranking_runs: int = 0) -> None:
         if diffuse:
             advice = (
                 "the FP16 error looks diffuse (many nodes each add a little): a smallest FP32 set costs about one "
@@ -289,6 +289,8 @@ class Auto(GroupTesting):
             estimate["set_at_most"] = True
         if at_least_set:  # the evaluations are an estimate, the set size only the culprits found so far
             estimate["set_at_least"] = True
+        if ranking_runs:  # emulator runs to rank the candidates first (the predicted_ranking hint): no evaluations
+            estimate["ranking_runs"] = int(ranking_runs)
         ask.emit({"estimate": estimate})
 
     def _expected_k(self, n: int, found: int, undecided: int) -> int:
@@ -495,9 +497,11 @@ class Auto(GroupTesting):
         if scores is not None and len(set(scores.values())) <= 1:
             scores = None
         offered = scores is None and self.use_prediction and callable(hints.get("predicted_ranking"))
+        # the ranking's single-node runs are no evaluations, but on a large model they take minutes: said up front
+        runs = n if offered and getattr(hints.get("predicted_ranking"), "can_rank", False) else 0
         self._estimate(ask, n, len(found), diffuse=True, size=max(len(found), 1),
                        evaluations=len(ask.memo) + (1 if offered else self._probe_count(n, scores))  # 1: calibration
-                       + 2 * int(math.log2(n) + 1) + 2 * len(found), at_least=True)
+                       + 2 * int(math.log2(n) + 1) + 2 * len(found), at_least=True, ranking_runs=runs)
         weigh_costs = costs is not None and scores is not None  # probe estimates are too rough to trade off
         head = set(found)
         idx = ask.index

@@ -151,3 +151,13 @@ def test_live_panel_shows_the_ranking_runs_on_the_phase_row():
         assert "predict (100/400 single-node runs, ~30s left)" in out.getvalue()
         p({"ranking": {"runs": 400, "total": 400, "seconds": 40.0}})
         assert p.ranking is None and p.ranking_seconds == 40.0
+
+
+def test_the_estimate_names_the_ranking_runs_that_come_first():
+    stream = io.StringIO()
+    p = SearchProgress(400, stream=stream, live=False)
+    p({"estimate": {"evaluations": 65, "set_size": 5, "diffuse": True, "advice": "", "at_least": True,
+                    "ranking_runs": 403}})
+    assert ("estimate: at least 65 evaluations in all (first 403 single-node emulator runs to rank the nodes, not "
+            "evaluations), a set of at least 5 node(s)") in stream.getvalue()
+    assert p.expected_total == 65  # the runs are not evaluations

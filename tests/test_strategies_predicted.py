@@ -631,3 +631,47 @@ def test_the_ranking_hint_sends_progress_at_most_once_a_second_and_always_the_la
     hint._on_run()(1, 1)  # a failing display never fails the search
     hint._progress = None
     assert hint._on_run() is None
+
+
+def test_the_switch_estimate_says_how_many_ranking_runs_come_first():
+    """On switching, where the hint says beforehand that it can rank (`can_rank`, as the driver's does), the
+    estimate counts the single-node runs it will cost (one per candidate; they are not evaluations); where it
+    cannot say so (a plain callable) or cannot rank, the estimate makes no such claim. The search is the same."""
+    cands, w, t = additive_case(200, 1.0, 0.25, 0)
+    f = additive(w, t)
+    results = {}
+    for can in (True, False, None):
+        perfect = _heaviest_first(w)
+
+        def hint(first=(), excess=None):
+            return perfect(first, excess)
+
+        if can is not None:
+            hint.can_rank = can
+        events: list[dict] = []
+        a = _Recorder(f)
+        results[can] = (Auto().search(cands, a, predicted_ranking=hint, excess=_excess_hint(f, a),
+                                      progress=events.append), a.asked)
+        switch = next(e["estimate"] for e in events if "estimate" in e and e["estimate"].get("at_least"))
+        if can:
+            assert switch["ranking_runs"] == len(cands)
+        else:
+            assert "ranking_runs" not in switch
+        assert all("ranking_runs" not in e["estimate"] for e in events if "estimate" in e and e["estimate"] is not switch)
+    assert results[True] == results[False] == results[None]
+
+
+def test_the_drivers_hint_says_beforehand_whether_it_can_rank(monkeypatch):
+    from bisector.search import vector_ranking
+    from bisector.search.vector_ranking import RankingHint
+
+    job = _job()
+    try:
+        oracle = job.oracle()
+        hint = RankingHint(oracle)
+        assert hint.can_rank is False and hint.exact_backend is False  # 16 output numbers: below MIN_ELEMENTS
+        monkeypatch.setattr(vector_ranking, "MIN_ELEMENTS", 0)
+        hint = RankingHint(oracle)
+        assert hint.can_rank is True and hint.exact_backend is True  # emulate: the judge's own emulator
+    finally:
+        job.close()

@@ -147,7 +147,11 @@ class SearchProgress:
         about = "at least" if e.get("at_least") else "about"  # the diffuse search's first: culprits so far
         size_about = ("at most" if e.get("set_at_most") else "at least" if e.get("set_at_least")  # bounds on the set
                       else about)
-        text = (f"estimate: {about} {total} evaluations in all, a set of {size_about} {size} node(s)"
+        runs = e.get("ranking_runs")
+        text = (f"estimate: {about} {total} evaluations in all"
+                + (f" (first {runs} single-node emulator runs to rank the nodes, not evaluations)"
+                   if isinstance(runs, int) and runs > 0 else "")
+                + f", a set of {size_about} {size} node(s)"
                 + ("; FP16 error is diffuse (many nodes each add a little)" if e.get("diffuse") else "")
                 + (f". {e['advice']}" if e.get("advice") else ""))
         if text != self.last_estimate:

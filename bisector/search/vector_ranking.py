@@ -114,7 +114,8 @@ class RankingHint:
                  every: float = 1.0, clock: Callable[[], float] = time.monotonic):
         self._oracle, self.stats = oracle, stats if stats is not None else {}
         backend = getattr(oracle, "backend", None)
-        self.exact_backend = _is_emulator(backend) and rankable(oracle)
+        self.can_rank = rankable(oracle)  # said beforehand (nothing run): the estimate counts its runs
+        self.exact_backend = _is_emulator(backend) and self.can_rank
         self._progress, self._every, self._clock = progress, every, clock
 
     def __call__(self, first: Sequence[str] = (), excess: Any = None) -> "Ranking | None":
