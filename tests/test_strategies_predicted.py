@@ -599,13 +599,13 @@ def test_ranking_runs_are_reported_as_they_come_in_the_callers_thread(monkeypatc
         if path == "memory":
             z = np.stack(list(vector_ranking.in_order(vector, n, threads, vector_ranking._Counter(on_run, n))))
             assert np.array_equal(z, np.stack(rows))
-            want = [(i + 1, n) for i in range(n)]
+            want = [(i, n) for i in range(n + 1)]
         else:
             if path == "two passes":
                 monkeypatch.setattr(tempfile, "TemporaryFile", lambda *a, **kw: (_ for _ in ()).throw(OSError(28, "full")))
             vector_ranking._at_risk(vector, n, size, k, threads, on_run)
             total = n if path == "file" else 2 * n
-            want = [(i + 1, total) for i in range(total)]
+            want = [(i, total) for i in range(total + 1)]  # done = 0 as they start
         assert seen == want, path
 
 
@@ -617,6 +617,8 @@ def test_the_ranking_hint_sends_progress_at_most_once_a_second_and_always_the_la
     hint = RankingHint.__new__(RankingHint)  # no oracle needed: only the progress part is under test
     hint._progress, hint._every, hint._clock = events.append, 1.0, lambda: now[0]
     on_run = hint._on_run()
+    now[0] += 5.0  # the calibration evaluation: not one of the runs
+    on_run(0, 10)
     for done in range(1, 11):
         now[0] += 0.4
         on_run(done, 10)

@@ -132,16 +132,18 @@ class RankingHint:
         progress = self._progress
         if not callable(progress):
             return None
-        t0 = self._clock()
+        t0: list[float] = []  # when the runs started: on_run(0, total), after the calibration evaluation
         last = [None]
 
         def on_run(done: int, total: int) -> None:
             now = self._clock()
-            if last[0] is not None and done < total and now - last[0] < self._every:
+            if not t0:
+                t0.append(now)
+            if done == 0 or (last[0] is not None and done < total and now - last[0] < self._every):
                 return
             last[0] = now
             try:
-                progress({"ranking": {"runs": done, "total": total, "seconds": now - t0}})
+                progress({"ranking": {"runs": done, "total": total, "seconds": now - t0[0]}})
             except Exception:  # noqa: BLE001 - a display, never a reason to fail the search
                 log.debug("ranking progress callback failed", exc_info=True)
 
@@ -357,6 +359,8 @@ class _Counter:
 
     def __init__(self, on_run: Callable[[int, int], None] | None, total: int) -> None:
         self.on_run, self.total, self.done = on_run, total, 0
+        if on_run is not None:
+            on_run(0, total)  # the runs start now (after the calibration evaluation, which is not one of them)
 
     def __call__(self) -> None:
         self.done += 1
