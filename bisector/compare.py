@@ -39,7 +39,41 @@ def summary(a: np.ndarray, overwrite: bool = False) -> dict[str, float]:
         return {"min": 0.0, "max": 0.0, "mean": 0.0, "median": 0.0}
     with np.errstate(all="ignore"):
         return {"min": float(np.min(a)), "max": float(np.max(a)), "mean": float(np.mean(a)),
-                "median": float(np.median(a, overwrite_input=overwrite))}
+                "median": float(median(a, overwrite=overwrite))}
+
+
+_MEDIAN_FROM = 1 << 16  # elements from which `median` brackets the middle first
+_SAMPLE = 4096
+
+
+def median(a: np.ndarray, overwrite: bool = False):
+    """``np.median(a)`` bit for bit (NaN where ``a`` holds one), for large float arrays about 3 times faster:
+    np.median partitions the whole array (36 ms of each 4.2 M-element comparison's 210 ms, three times per
+    comparison, on a recogniser at batch 8). A strided sample of 4096 values brackets the middle; one pass counts
+    the values below the bracket and gathers those inside it (~5% of them), and only those are partitioned.
+    Where the bracket misses the middle (a sample unlike the array) or the array holds NaN, np.median decides."""
+    flat = a.reshape(-1)
+    n = flat.size
+    if n < _MEDIAN_FROM or not np.issubdtype(a.dtype, np.floating):
+        return np.median(a, overwrite_input=overwrite)
+    k_lo, k_hi = (n - 1) // 2, n // 2
+    sample = np.sort(flat[:: n // _SAMPLE])
+    lo, hi = sample[int(sample.size * 0.47)], sample[int(sample.size * 0.53)]
+    if np.isnan(lo) or np.isnan(hi):
+        return np.median(a, overwrite_input=overwrite)
+    below = 0
+    inside = []
+    for at in range(0, n, 1 << 18):
+        c = flat[at : at + (1 << 18)]
+        out = c < lo
+        below += int(np.count_nonzero(out))
+        np.logical_or(out, c > hi, out=out)
+        inside.append(c[~out])  # NaN is neither below nor above: it lands here
+    mid = np.concatenate(inside)
+    if not below <= k_lo <= k_hi < below + mid.size or np.isnan(mid).any():  # a miss; NaN (np.median: NaN)
+        return np.median(a, overwrite_input=overwrite)
+    mid.partition([k_lo - below, k_hi - below])
+    return np.mean(mid[k_lo - below : k_hi - below + 1])  # what np.median averages, in its dtype
 
 
 # A golden output's summary is the same for every plan compared with it: kept per array while the array lives
@@ -199,11 +233,36 @@ def _elementwise(absdiff: np.ndarray, reldiff: np.ndarray, atol: float, rtol: fl
             ad, rd = flat_a[lo:hi], flat_r[lo:hi]
             bad = ((ad > atol * m) | np.isnan(ad)) & ((rd > rtol * m) | np.isnan(rd))
             mismatches += int(np.count_nonzero(bad))
-            # An element passes at scale s iff absdiff <= s*atol or reldiff <= s*rtol: the excess is the largest,
-            # over elements, of the smaller of the two ratios (NaN: infinitely far).
-            per_element = np.minimum(_ratio(ad, atol), _ratio(rd, rtol))
-            excess = max(excess, float(np.max(np.where(np.isnan(per_element), np.inf, per_element))))
+            excess = max(excess, _excess(ad, rd, atol, rtol))
     return mismatches, excess
+
+
+def _excess(ad: np.ndarray, rd: np.ndarray, atol: float, rtol: float) -> float:
+    """max over elements of min(ad/atol, rd/rtol) in float64, NaN as inf: an element passes at scale s iff
+    absdiff <= s*atol or reldiff <= s*rtol, so this is the smallest scale at which all pass.
+
+    The float64 ratios of every element were a fifth of a large output's comparison (4.2 M elements: 34 of
+    105 ms). The same ratios in float32 are within a few ulps of them, so only the elements within 1e-5 of
+    the float32 maximum can hold the float64 one: those are computed in float64 as before, and the result is
+    the same number bit for bit. NaN anywhere is inf at once; tolerances outside [1e-30, 1e30] (zero among
+    them: the float64 path's inf) take the float64 path."""
+    if ad.dtype != np.float32 or rd.dtype != np.float32 or not (1e-30 < atol < 1e30 and 1e-30 < rtol < 1e30):
+        per_element = np.minimum(_ratio(ad, atol), _ratio(rd, rtol))
+        return float(np.max(np.where(np.isnan(per_element), np.inf, per_element), initial=0.0))
+    fast = np.multiply(ad, np.float32(1.0 / atol))
+    np.minimum(fast, np.multiply(rd, np.float32(1.0 / rtol)), out=fast)
+    top = fast.max(initial=np.float32(0.0))
+    if np.isnan(top):
+        return float("inf")
+    # Near float32's ends (a maximum that overflowed, or is so small that its rounding is coarse) the relative
+    # bound does not hold: every element in float64 there, as before.
+    near = (np.flatnonzero(fast >= top * np.float32(1 - 1e-5)) if _F32_SAFE_LOW <= top < np.inf
+            else slice(None))
+    per_element = np.minimum(_ratio(ad[near], atol), _ratio(rd[near], rtol))
+    return float(np.max(np.where(np.isnan(per_element), np.inf, per_element), initial=0.0))
+
+
+_F32_SAFE_LOW = np.float32(np.finfo(np.float32).tiny * 2**20)  # far above subnormals: float32 relative error ~6e-8
 
 
 def _up(a: np.ndarray) -> np.ndarray:
@@ -219,7 +278,7 @@ def _statistic(diff: np.ndarray, stat: str, quantile: float) -> float:
         if stat == "mean":
             return float(np.mean(diff))
         if stat == "median":
-            return float(np.median(diff))
+            return float(median(diff))
         if stat == "quantile":
             return float(np.quantile(diff, quantile))
     raise ValueError(stat)

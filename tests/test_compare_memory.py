@@ -82,3 +82,85 @@ def test_fortran_ordered_and_strided_outputs_compare_correctly(monkeypatch):
         assert got.mismatches == want.mismatches and got.excess == want.excess
         assert got.rel["max"] == want.rel["max"] and got.rel["median"] == want.rel["median"]
         assert got.rel["mean"] == pytest.approx(want.rel["mean"], rel=1e-6)
+
+
+def _hostile_arrays(rng, n):
+    """Arrays a bracketing median or a float32 pre-selection could get wrong: orders, ties, NaN, ±inf, tiny and
+    huge values, periodic patterns a strided sample misreads."""
+    x = rng.standard_normal(n)
+    yield "normal", x
+    yield "sorted", np.sort(x)
+    yield "reversed", np.sort(x)[::-1].copy()
+    yield "constant", np.full(n, 3.0)
+    yield "three values", rng.integers(0, 3, n).astype(float)
+    y = x.copy()
+    y[n // 3] = np.nan
+    yield "one NaN", y
+    y = x.copy()
+    y[: n // 3] = np.inf
+    yield "a third +inf", y
+    y = x.copy()
+    y[: n // 2 + 1] = -np.inf
+    yield "half -inf", y
+    yield "periodic", np.tile([0, 0, 0, 1, 2, 2, 2, 9], n // 8 + 1)[:n].astype(float)
+    yield "subnormal", np.abs(x) * 1e-42
+    yield "huge", np.abs(x) * 1e37
+
+
+@pytest.mark.parametrize("n", [999, 1000, 4096, 70001])
+def test_median_is_numpys_bit_for_bit(monkeypatch, n):
+    """`compare.median` (a bracketed partition) returns np.median's number bit for bit on every dtype and on
+    arrays built to defeat the bracket (the fast path runs here from 64 elements, with a 256-value sample)."""
+    monkeypatch.setattr(compare, "_MEDIAN_FROM", 64)
+    monkeypatch.setattr(compare, "_SAMPLE", 256)
+    rng = np.random.default_rng(n)
+    for kind, x in _hostile_arrays(rng, n):
+        for dtype in (np.float16, np.float32, np.float64):
+            with np.errstate(all="ignore"):
+                a = x.astype(dtype)
+            got, want = compare.median(a.copy()), np.median(a.copy())
+            assert np.asarray(got, dtype).tobytes() == np.asarray(want, dtype).tobytes(), (kind, dtype, got, want)
+
+
+def test_median_of_a_large_output_brackets_the_middle():
+    """On a 4.2 M-element output the bracket holds the middle (no fallback) and the value is np.median's."""
+    rng = np.random.default_rng(0)
+    a = np.abs(rng.standard_normal(4_200_001).astype(np.float32)) * np.float32(1e-3)
+    calls = []
+    real = np.median
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(compare.np, "median", lambda *args, **kw: calls.append(1) or real(*args, **kw))
+        got = compare.median(a)
+    assert not calls, "fell back to np.median"
+    assert np.float32(got).tobytes() == np.float32(real(a)).tobytes()
+
+
+def test_excess_is_the_float64_formula_bit_for_bit():
+    """`compare._excess` (float32 pre-selection, float64 at the few elements near the top) is the old float64
+    formula max(min(ad/atol, rd/rtol)), NaN as inf, bit for bit: values over float32's whole range, NaN, ±inf,
+    zeros, ties one ulp apart, and tolerances from 1e-300 to 1e300 and zero."""
+    def old(ad, rd, atol, rtol):
+        per_element = np.minimum(compare._ratio(ad, atol), compare._ratio(rd, rtol))
+        return float(np.max(np.where(np.isnan(per_element), np.inf, per_element)))
+
+    rng = np.random.default_rng(1)
+    with np.errstate(all="ignore"):
+        for trial in range(1500):
+            size = int(rng.integers(1, 3000))
+            ad = np.abs(rng.standard_normal(size) * 10.0 ** rng.integers(-45, 39)).astype(np.float32)
+            rd = np.abs(rng.standard_normal(size) * 10.0 ** rng.integers(-45, 39)).astype(np.float32)
+            kind = trial % 6
+            if kind == 1:
+                ad[rng.integers(0, size)] = np.nan
+            elif kind == 2:
+                ad[rng.integers(0, size)], rd[rng.integers(0, size)] = np.inf, np.inf
+            elif kind == 3:
+                ad[:] = 0
+            elif kind == 4:  # ties and neighbours one ulp apart
+                ad = np.full(size, np.float32(1e-3))
+                ad[::3] = np.nextafter(np.float32(1e-3), np.float32(1))
+                rd = ad * np.float32(7)
+            atol = 0.0 if trial % 11 == 0 else float(10.0 ** rng.uniform(-300, 300) if trial % 5 == 0
+                                                     else 10.0 ** rng.uniform(-9, 2))
+            rtol = 0.0 if trial % 13 == 0 else float(10.0 ** rng.uniform(-9, 2))
+            assert compare._excess(ad, rd, atol, rtol) == old(ad, rd, atol, rtol), (trial, atol, rtol)
