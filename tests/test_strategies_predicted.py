@@ -677,3 +677,119 @@ def test_the_drivers_hint_says_beforehand_whether_it_can_rank(monkeypatch):
         assert hint.can_rank is True and hint.exact_backend is True  # emulate: the judge's own emulator
     finally:
         job.close()
+
+
+def _batched_model(mix: bool = False):
+    """x [N, 32] -> six MatMul + Tanh -> y [N, 32]; ``mix``: y is centred on the batch mean (items depend on each
+    other, as with batch statistics)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    nodes, inits, cur = [], [], "x"
+    for i in range(6):
+        inits.append(numpy_helper.from_array((rng.standard_normal((32, 32)) * 0.4).astype(np.float32), f"w{i}"))
+        nodes += [helper.make_node("MatMul", [cur, f"w{i}"], [f"m{i}"], name=f"mm{i}"),
+                  helper.make_node("Tanh", [f"m{i}"], [f"t{i}"], name=f"tanh{i}")]
+        cur = f"t{i}"
+    if mix:
+        nodes += [helper.make_node("ReduceMean", [cur], ["bm"], name="batch_mean", axes=[0], keepdims=1),
+                  helper.make_node("Sub", [cur, "bm"], ["y"], name="centre")]
+    else:
+        nodes.append(helper.make_node("Mul", [cur, cur], ["y"], name="square"))
+    graph = helper.make_graph(nodes, "batched", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 32])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 32])], inits)
+    return onnx.helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def _batched_job(tmp_path, batch: int, mix: bool = False, iterations: int = 1):
+    import onnx
+
+    from bisector.app.job import open_job
+
+    path = tmp_path / f"batched_{batch}_{mix}.onnx"
+    onnx.save(_batched_model(mix), path)
+    return open_job(path, no_cache=True, atol=1e-4, rtol=1e-4, input_shapes=[f"x:[{batch},32]"],
+                    iterations=iterations)
+
+
+def _spy_batches(monkeypatch, backend) -> list[int]:
+    seen: list[int] = []
+    real = backend.run
+
+    def run(plan, feeds, outputs=None):
+        seen.append(int(feeds["x"].shape[0]))
+        return real(plan, feeds, outputs)
+
+    monkeypatch.setattr(backend, "run", run)
+    return seen
+
+
+@pytest.mark.parametrize("batch, sample", [(16, 2), (8, 1), (15, 1)])
+def test_a_batched_input_is_ranked_on_a_sample_of_its_items(tmp_path, monkeypatch, batch, sample):
+    """Each single-node run costs one inference of the whole batch: at batch B >= 8 the ranking runs on the first
+    B // 8 items (one run checks that they stand for the batch), ranks every candidate, and leaves no
+    reference of the sample behind in the backend; the verdicts still judge the whole batch."""
+    job = _batched_job(tmp_path, batch)
+    try:
+        oracle = job.oracle()
+        excess = oracle.evaluate(frozenset()).excess
+        seen = _spy_batches(monkeypatch, job.backend)
+        stats: dict = {}
+        rank = predicted_ranking(oracle, [], excess, min_elements=0, stats=stats)
+        n = len(oracle.candidates)
+        assert sorted(rank) == sorted(oracle.candidates)
+        assert seen.count(sample) == n + 1 and seen.count(batch) == 1  # the check; the whole batch's reference
+        assert stats["runs"] == n + 1
+        assert len(job.backend._boundaries) + len(job.backend._references) == 1  # the whole batch's only
+        before = len(seen)
+        oracle.evaluate(frozenset(rank[:3]))
+        assert seen[before:] == [batch]  # an evaluation after the ranking judges the whole batch
+    finally:
+        job.close()
+
+
+def test_a_model_that_mixes_its_batch_is_ranked_on_the_whole_batch(tmp_path, monkeypatch):
+    """Where the items depend on each other (here: centred on the batch mean) the sample's FP32 outputs differ
+    from the batch's, and every single-node run takes the whole batch; the check run is counted."""
+    job = _batched_job(tmp_path, 8, mix=True)
+    try:
+        oracle = job.oracle()
+        excess = oracle.evaluate(frozenset()).excess
+        seen = _spy_batches(monkeypatch, job.backend)
+        stats: dict = {}
+        rank = predicted_ranking(oracle, [], excess, min_elements=0, stats=stats)
+        n = len(oracle.candidates)
+        assert sorted(rank) == sorted(oracle.candidates)
+        assert seen.count(1) == 1 and seen.count(8) == n + 1
+        assert stats["runs"] == n + 1
+        assert len(job.backend._boundaries) + len(job.backend._references) == 1
+    finally:
+        job.close()
+
+
+def test_batch_sample_keeps_unbatched_and_too_small_sets_whole(tmp_path):
+    """Below batch 8 every item is ranked (a ranking seen through one item of 2-4 cost YOLOv8n evaluations for
+    little time); below the ranking's minimum of output numbers the sample is not used either."""
+    from bisector.search.vector_ranking import batch_sample
+
+    for batch in (1, 2, 7):
+        job = _batched_job(tmp_path, batch)
+        try:
+            oracle = job.oracle()
+            feeds, golden, runs = batch_sample(oracle, job.backend, list(oracle.candidates), min_elements=0)
+            assert feeds is oracle.feeds_list and golden is oracle.golden and runs == 0
+        finally:
+            job.close()
+    job = _batched_job(tmp_path, 8, iterations=2)
+    try:
+        oracle = job.oracle()
+        feeds, golden, runs = batch_sample(oracle, job.backend, list(oracle.candidates), min_elements=0)
+        assert runs == 2 and [f["x"].shape[0] for f in feeds] == [1, 1]
+        assert all(np.array_equal(g["y"], o["y"][:1]) for g, o in zip(golden, oracle.golden))
+        # 2 sets x 1 item x 32 numbers = 64 < 65: whole again, and the samples' references dropped
+        feeds, golden, runs = batch_sample(oracle, job.backend, list(oracle.candidates), min_elements=65)
+        assert feeds is oracle.feeds_list and runs == 2
+        assert len(job.backend._boundaries) + len(job.backend._references) == 2
+    finally:
+        job.close()

@@ -79,6 +79,15 @@ class EmulateBackend:
         finally:
             executor.keep_variants = before
 
+    def forget(self, feeds: Mapping[str, np.ndarray]) -> None:
+        """Drop the FP32 references of these feeds (the ranking's batch sample, bisector.search.vector_ranking:
+        asked for a while, then never again; kept, they would hold memory and a place in the bounded caches)."""
+        with self._reference_lock:
+            known = self._feeds_keys.pop(id(feeds), None)
+            key = known[1] if known is not None and known[0] is feeds else feeds_digest(feeds)
+            self._references.pop(key, None)
+            self._boundaries.pop(key, None)
+
     def close(self) -> None:
         self.executor = None
         for cache in (self._references, self._boundaries, self._feeds_keys):
