@@ -165,24 +165,27 @@ def compare_output(name: str, actual: np.ndarray, golden: np.ndarray, tol: Toler
         with np.errstate(all="ignore"):
             absdiff = np.asarray(np.subtract(a, g))  # a 0-d output subtracts to a NumPy scalar
             np.abs(absdiff, out=absdiff)
-    # The full-size arrays are absdiff and reldiff (their summaries need all elements); everything derived from
-    # them goes chunk by chunk, with the same elementwise operations, so the numbers are those of whole-array
-    # NumPy: on a recogniser's 17 MB output the whole-array temporaries (float64 ratios, masks, |golden|) were
-    # 170 MB, the peak of a search whose plain inference takes 199 MB.
-    reldiff = _relative(absdiff, g)
+    # One full-size array at a time: absdiff, then (unless the caller keeps absdiff) reldiff written over it. Their
+    # summaries need all elements; everything else goes chunk by chunk with the same elementwise operations, so
+    # the numbers are those of whole-array NumPy: on a recogniser's 17 MB output the whole-array temporaries
+    # (float64 ratios, masks, |golden|) were 170 MB, the peak of a search whose plain inference takes 199 MB, and
+    # absdiff and reldiff side by side another 34 MB at every evaluation.
     mismatches = 0
     # The margin scales both tolerances; at margin 1 these are Polygraphy's checks exactly.
     if stat == "elemwise":
-        mismatches, excess = _elementwise(absdiff, reldiff, atol, rtol, m)
+        mismatches, excess = _elementwise(absdiff, g, atol, rtol, m)
         passed = mismatches == 0
     else:
-        req_abs, req_rel = _statistic(absdiff, stat, tol.quantile), _statistic(reldiff, stat, tol.quantile)
+        req_abs = _statistic(absdiff, stat, tol.quantile)
+    has_nan = bool(absdiff.size and np.isnan(absdiff).any())
+    abs_s = summary(absdiff, overwrite=False)  # absdiff becomes reldiff next: not reordered
+    reldiff = _relative(absdiff, g, out=None if keep_diff else absdiff)
+    if stat != "elemwise":
+        req_rel = _statistic(reldiff, stat, tol.quantile)
         passed = not (_exceeds(req_abs, atol * m) and _exceeds(req_rel, rtol * m))
         excess = float(min(_ratio(req_abs, atol), _ratio(req_rel, rtol)))
         excess = float("inf") if np.isnan(excess) else excess
-    has_nan = bool(absdiff.size and np.isnan(absdiff).any())
-    # last: the medians reorder reldiff (and absdiff when the caller does not keep it) in place, without copies
-    abs_s, rel_s = summary(absdiff, overwrite=not keep_diff), summary(reldiff, overwrite=True)
+    rel_s = summary(reldiff, overwrite=True)  # last: its median may reorder it in place, without a copy
     del reldiff
     if stat == "elemwise":
         req_abs, req_rel = abs_s["max"], rel_s["max"]
@@ -209,28 +212,34 @@ def _chunks(n: int) -> Iterator[tuple[int, int]]:
         yield lo, min(n, lo + _CHUNK)
 
 
-def _relative(absdiff: np.ndarray, g: np.ndarray) -> np.ndarray:
-    """absdiff / |golden| (a zero golden counts as EPSILON), chunk by chunk into one new array."""
+def _relative(absdiff: np.ndarray, g: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """absdiff / |golden| (a zero golden counts as EPSILON), chunk by chunk into one new array, or into ``out``
+    (absdiff itself: the comparison then holds one array the size of the output, not two)."""
     # C order, so that its flat view is written in place (with Fortran-ordered or strided outputs, which backends
     # do not return, a float32 mean of it can differ from whole-array NumPy's in the last bits: summation order)
-    reldiff = np.empty(absdiff.shape, absdiff.dtype)
-    flat_a, flat_g, flat_r = absdiff.reshape(-1), g.reshape(-1), reldiff.reshape(-1)  # (the first two may copy)
-    floating = np.issubdtype(g.dtype, np.floating)
+    if out is None or not out.flags.c_contiguous:
+        out = np.empty(absdiff.shape, absdiff.dtype)
+    flat_a, flat_g, flat_r = absdiff.reshape(-1), g.reshape(-1), out.reshape(-1)  # (the first two may copy)
     with np.errstate(all="ignore"):
         for lo, hi in _chunks(flat_a.size):
-            gc = flat_g[lo:hi]
-            g_eps = np.where(gc == 0, gc + EPSILON, gc) if floating else gc
-            np.divide(flat_a[lo:hi], np.abs(g_eps), out=flat_r[lo:hi])
-    return reldiff
+            _relative_chunk(flat_a[lo:hi], flat_g[lo:hi], flat_r[lo:hi])
+    return out
 
 
-def _elementwise(absdiff: np.ndarray, reldiff: np.ndarray, atol: float, rtol: float, m: float) -> tuple[int, float]:
-    """(mismatches, excess) of Polygraphy's elementwise check at margin m, chunk by chunk."""
-    flat_a, flat_r = absdiff.reshape(-1), reldiff.reshape(-1)
+def _relative_chunk(ad: np.ndarray, gc: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    g_eps = np.where(gc == 0, gc + EPSILON, gc) if np.issubdtype(gc.dtype, np.floating) else gc
+    return np.divide(ad, np.abs(g_eps), out=out)
+
+
+def _elementwise(absdiff: np.ndarray, g: np.ndarray, atol: float, rtol: float, m: float) -> tuple[int, float]:
+    """(mismatches, excess) of Polygraphy's elementwise check at margin m, chunk by chunk (the relative error of
+    each chunk computed as `_relative` computes it)."""
+    flat_a, flat_g = absdiff.reshape(-1), g.reshape(-1)
     mismatches, excess = 0, 0.0
     with np.errstate(all="ignore"):
         for lo, hi in _chunks(flat_a.size):
-            ad, rd = flat_a[lo:hi], flat_r[lo:hi]
+            ad = flat_a[lo:hi]
+            rd = _relative_chunk(ad, flat_g[lo:hi])
             bad = ((ad > atol * m) | np.isnan(ad)) & ((rd > rtol * m) | np.isnan(rd))
             mismatches += int(np.count_nonzero(bad))
             excess = max(excess, _excess(ad, rd, atol, rtol))
