@@ -84,7 +84,7 @@ def test_fused_blocks_agree_with_node_by_node_and_skip_untouched_blocks():
         np.testing.assert_allclose(fused, single, rtol=1e-5, atol=1e-5)
     ran = []
     real = be.executor._run_block
-    be.executor._run_block = lambda block, *a: ran.append(block.index) or real(block, *a)
+    be.executor._run_block = lambda block, *a, **kw: ran.append(block.index) or real(block, *a, **kw)
     last = cat.candidates[-1]
     be.run(Plan(frozenset(cat.candidates) - {last}, cat.candidates), x)
     assert ran == [be.executor.blocks[-1].index]  # only the block holding the one FP16 node
