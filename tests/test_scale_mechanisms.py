@@ -754,38 +754,6 @@ def test_a_golden_outputs_summary_is_computed_once_while_it_lives(monkeypatch):
     assert len(calls) == 8
 
 
-def test_arena_shrinks_once_per_evaluation_near_the_memory_limit(monkeypatch):
-    """Where the process has grown past SHRINK_NEAR x its peak before the search, the last block run of each
-    evaluation gives the shared arena's unused memory back: once per evaluation, after its last block, with the
-    same outputs bit for bit; a process below that never shrinks."""
-    import bisector.backends.emulate.executor as ex
-
-    monkeypatch.setenv("BISECTOR_NUMPY_BLOCKS", "0")  # every block a session run (the spy sees them all)
-    cat = Catalog.load(PLANTED)
-    x = {"x": np.random.default_rng(1).uniform(0, 1, (1, 4, 16, 16)).astype(np.float32)}
-    plans = _plans(cat, 6, seed=3)
-    calls: list[bool] = []
-    real = ex.NodeExecutor._run
-
-    def spy(self, key, sess, outputs, feed, shrink=False):
-        calls.append(shrink)
-        return real(self, key, sess, outputs, feed, shrink)
-
-    monkeypatch.setattr(ex.NodeExecutor, "_run", spy)
-    plain = EmulateBackend(block_size=16)
-    plain.open(cat)
-    expected = [plain.run(p, x)["y"] for p in plans]
-    assert calls and not any(calls)  # the planted model's search is far from the limit
-    near = EmulateBackend(block_size=16)
-    near.open(cat)
-    near.executor._shrink_near = 0  # the process counts as near the limit
-    near.run(Plan(frozenset(cat.candidates), cat.candidates), x)  # the FP32 reference first: not an evaluation's
-    for p, want in zip(plans, expected):
-        calls.clear()
-        np.testing.assert_array_equal(near.run(p, x)["y"], want)
-        assert len(calls) >= 2 and calls[-1] and not any(calls[:-1]), calls
-
-
 def test_arena_shrink_changes_no_result_and_waits_for_growth(monkeypatch):
     """BISECTOR_ARENA_SHRINK_MB: the shared arena gives memory back after block runs with inputs that large once
     the process has grown past SHRINK_ABOVE x its peak before the search: the outputs are the same bit for bit;

@@ -740,7 +740,7 @@ def test_a_batched_input_is_ranked_on_a_sample_of_its_items(tmp_path, monkeypatc
         n = len(oracle.candidates)
         assert sorted(rank) == sorted(oracle.candidates)
         assert seen.count(sample) == n + 1 and seen.count(batch) == 1  # the check; the whole batch's reference
-        assert stats["runs"] == n + 1
+        assert stats["runs"] == n + 1 and stats["batch_sample"] == (sample, batch)
         assert len(job.backend._boundaries) + len(job.backend._references) == 1  # the whole batch's only
         before = len(seen)
         oracle.evaluate(frozenset(rank[:3]))
@@ -762,7 +762,7 @@ def test_a_model_that_mixes_its_batch_is_ranked_on_the_whole_batch(tmp_path, mon
         n = len(oracle.candidates)
         assert sorted(rank) == sorted(oracle.candidates)
         assert seen.count(1) == 1 and seen.count(8) == n + 1
-        assert stats["runs"] == n + 1
+        assert stats["runs"] == n + 1 and stats["batch_sample"] is None
         assert len(job.backend._boundaries) + len(job.backend._references) == 1
     finally:
         job.close()

@@ -139,6 +139,10 @@ def batch_sample(oracle: Any, backend: Any, cands: Sequence[str], min_elements: 
     return feeds_out, golden_out, runs
 
 
+def _lead(feeds: dict) -> int:
+    return int(np.shape(next(iter(feeds.values())))[0])
+
+
 def _stands_for_the_batch(backend: Any, all_fp32: Plan, feeds: dict, part: dict, floats: list[str], gold: dict,
                           tol: Any, m: int) -> bool:
     try:
@@ -198,8 +202,10 @@ class RankingHint:
     def __call__(self, first: Sequence[str] = (), excess: Any = None) -> "Ranking | None":
         rank = predicted_ranking(self._oracle, list(first), excess, stats=self.stats, on_run=self._on_run())
         if self.stats.get("runs"):
-            log.info("predicted ranking: %d single-node emulator runs in %.1f s (not evaluations)",
-                     self.stats["runs"], self.stats.get("seconds", 0.0))
+            sample = self.stats.get("batch_sample")
+            log.info("predicted ranking: %d single-node emulator runs in %.1f s (not evaluations%s)",
+                     self.stats["runs"], self.stats.get("seconds", 0.0),
+                     f"; on the first {sample[0]} of {sample[1]} items of the batch" if sample else "")
         return rank
 
     def _on_run(self) -> Callable[[int, int], None] | None:
@@ -253,6 +259,9 @@ def _ranking(oracle: Any, backend: Any, first: Sequence[str], excess: Any, top: 
     feeds_list, golden = oracle.feeds_list, oracle.golden
     if SAMPLE_BATCH:
         feeds_list, golden, runs[0] = batch_sample(oracle, backend, cands, min_elements)
+        if stats is not None:
+            sampled = [(_lead(f), _lead(o)) for f, o in zip(feeds_list, oracle.feeds_list) if f is not o]
+            stats["batch_sample"] = sampled[0] if sampled else None  # (items ranked, batch) of the first set
     try:
         return _rank(oracle, backend, cands, first, excess, top, stats, on_run, feeds_list, golden, runs, t0)
     finally:

@@ -95,9 +95,7 @@ class NodeExecutor:
         self.keep_variants = True
         # The arena gives memory back only where the process has grown past SHRINK_ABOVE x its peak so far (what
         # loading the model and the golden inference took): see `_SHRINK`
-        peak = _peak_rss_bytes()
-        self._shrink_above = peak * SHRINK_ABOVE
-        self._shrink_near = peak * SHRINK_NEAR
+        self._shrink_above = _peak_rss_bytes() * SHRINK_ABOVE
         self._shrink_from = _shrink_from_bytes()  # read once: the check runs before every block run
         self.sessions_built = 0
         self.build_seconds = 0.0  # time spent building sessions (a one-time cost per node variant and block)
@@ -190,8 +188,6 @@ class NodeExecutor:
         by node and returns every tensor). Returns only the recomputed tensors; all others equal `reference`.
         """
         changed: dict[str, np.ndarray] = {}
-        # Near the memory limit the arena gives back what the evaluation left unused, once, after its last block
-        last = self._last_touched(points) if fused and _rss_bytes() > self._shrink_near else None
         for block in self.blocks:
             touched = any(n.name in points.fp16 for n in block.nodes) or any(t in changed for t in block.inputs)
             if not touched:
@@ -199,8 +195,7 @@ class NodeExecutor:
             values = Overlay(changed, reference)
             if fused and block.fusable:
                 specs = self._block_spec(block, points, values)
-                changed.update(zip(block.outputs, self._run_block(block, [values[t] for t in block.inputs], specs,
-                                                                  last=block is last)))
+                changed.update(zip(block.outputs, self._run_block(block, [values[t] for t in block.inputs], specs)))
                 self._forget_dead(changed, block)
                 continue
             # Node by node. With a boundary-only reference (fused mode) block-internal values are not stored, so
@@ -214,16 +209,6 @@ class NodeExecutor:
             if fused:
                 self._forget_dead(changed, block)
         return changed
-
-    def _last_touched(self, points: RoundingPoints) -> "_Block | None":
-        """The last block `run_changed` will run for these points (by tensor names only, nothing run)."""
-        names: set[str] = set()
-        last = None
-        for block in self.blocks:
-            if any(n.name in points.fp16 for n in block.nodes) or any(t in names for t in block.inputs):
-                names.update(block.outputs)
-                last = block
-        return last
 
     def _forget_dead(self, changed: dict[str, np.ndarray], block: "_Block") -> None:
         """Drop recomputed tensors no later block reads (graph outputs stay): an evaluation then holds only its
@@ -479,8 +464,7 @@ class NodeExecutor:
         except Exception as exc:
             raise BackendFailure(f"ONNX Runtime failed to run the {key[0]} graph: {exc}") from None
 
-    def _run_block(self, block: "_Block", values: list[np.ndarray], specs: tuple,
-                   last: bool = False) -> list[np.ndarray]:
+    def _run_block(self, block: "_Block", values: list[np.ndarray], specs: tuple) -> list[np.ndarray]:
         if block.elementwise and _numpy_blocks() and all(
                 isinstance(v, np.ndarray) and v.dtype == np.float32 and v.nbytes <= NUMPY_BLOCK_BYTES for v in values):
             return self._run_block_numpy(block, values, specs)
@@ -492,8 +476,8 @@ class NodeExecutor:
             sess = self._keep(key, self._session(
                 nodes, f"block {block.index} ({block.nodes[0].name}..{block.nodes[-1].name})", feed, weights,
                 list(block.outputs)))
-        shrink = last or (self._shrink_from < float("inf") and _rss_bytes() > self._shrink_above
-                          and sum(int(getattr(v, "nbytes", 0)) for v in feed.values()) >= self._shrink_from)
+        shrink = (self._shrink_from < float("inf") and _rss_bytes() > self._shrink_above
+                  and sum(int(getattr(v, "nbytes", 0)) for v in feed.values()) >= self._shrink_from)
         try:
             return self._run(key, sess, None, feed, shrink)
         except Exception as exc:
@@ -588,11 +572,6 @@ def _pooled_input_bytes() -> int:
 _SHRINK = ort.RunOptions()
 _SHRINK.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
 SHRINK_ABOVE = 1.25
-# Once per evaluation, after its last block run, where the process has grown past SHRINK_NEAR x its peak before
-# the search (near the 2x memory target: that peak is one inference plus the tool itself). Measured (docs/
-# benchmarks.md, "Scale, twelfth round"): a recogniser at batch 8 437 -> 402 MB for 8% more time; at the old
-# SHRINK_ABOVE gate it also fired on models that gained nothing from it (a UNet: +42% time, +2% memory).
-SHRINK_NEAR = 1.8
 
 
 def _shrink_from_bytes() -> float:
