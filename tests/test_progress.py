@@ -64,6 +64,29 @@ def test_estimate_without_budget_is_a_rough_guess():
     assert not exact and seconds > 0
 
 
+def test_no_rough_guess_while_the_best_set_is_most_of_the_candidates():
+    """Early in a search the best passing set is all candidates (or most of them): a guess with k = its size
+    said ~2164 s left for a 47 s search. None is shown until the set is at most a quarter of them, or the
+    strategy sends its own estimate."""
+    clock = Clock()
+    stream = io.StringIO()
+    p = SearchProgress(400, stream=stream, live=False, clock=clock)
+    p.start()
+    clock.t += 1
+    p.on_verdict(FakeVerdict(frozenset(range(400)), True))
+    assert p.estimate_left() is None and "s left" not in stream.getvalue()
+    clock.t += 1
+    p.on_verdict(FakeVerdict(frozenset(range(150)), True))
+    assert p.estimate_left() is None
+    clock.t += 1
+    p.on_verdict(FakeVerdict(frozenset(range(20)), True))
+    seconds, exact = p.estimate_left()
+    assert not exact and 0 < seconds < 200  # k = 20 of 400: about 20*log2(20) + 41 evaluations at 1 s each
+    p({"estimate": {"evaluations": 10, "set_size": 5}})
+    p.on_verdict(FakeVerdict(frozenset(range(300)), False))
+    assert p.estimate_left() is not None  # the strategy's estimate: shown whatever the best set
+
+
 def test_drives_a_real_strategy():
     from bisector.strategies.greedy import Greedy
 

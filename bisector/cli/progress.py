@@ -195,8 +195,11 @@ class SearchProgress:
         return max(spent, 0.0) / self.evaluations
 
     def estimate_left(self) -> tuple[float, bool] | None:
-        """(seconds left, exact_budget). From the budget when there is one; otherwise a rough guess: a search
-        for k culprits among N needs about k*log2(N/k) + 2k evaluations (k = best size so far, at least 1)."""
+        """(seconds left, exact_budget). From the budget when there is one, else from the strategy's estimate;
+        otherwise a rough guess: a search for k culprits among N needs about k*log2(N/k) + 2k evaluations (k =
+        best size so far, at least 1) — none while the best passing set holds more than a quarter of the
+        candidates: early in a search that is all of them, or the group tests' shrinking complement, not the
+        answer (a recogniser at batch 8 showed ~2164 s left at its first evaluation, for a 47 s search)."""
         per = self.per_eval()
         if per is None:
             return None
@@ -211,6 +214,8 @@ class SearchProgress:
             return max(self.expected_total - self.evaluations, 0) * per, False
         k = max(len(self.best) if self.best is not None else 1, 1)
         n = max(self.candidates, 1)
+        if k * 4 > n and self.best is not None:
+            return None  # no basis for a guess yet
         total = k * math.log2(max(n / k, 2)) + 2 * k + 1
         return max(total - self.evaluations, 0) * per, False
 
