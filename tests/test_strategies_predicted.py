@@ -725,6 +725,19 @@ def _spy_batches(monkeypatch, backend) -> list[int]:
     return seen
 
 
+def _rank_batched(job, monkeypatch) -> tuple[list[str], list[int], dict]:
+    """The ranking of a batched job from all-FP16 (calibrated), with the batch size of every backend run after
+    the calibration, and the ranking's stats; every candidate ranked, the sample's references gone after."""
+    oracle = job.oracle()
+    excess = oracle.evaluate(frozenset()).excess
+    seen = _spy_batches(monkeypatch, job.backend)
+    stats: dict = {}
+    rank = predicted_ranking(oracle, [], excess, min_elements=0, stats=stats)
+    assert sorted(rank) == sorted(oracle.candidates)
+    assert len(job.backend._boundaries) + len(job.backend._references) == 1  # the whole batch's only
+    return rank, seen, stats
+
+
 @pytest.mark.parametrize("batch, sample", [(16, 2), (8, 1), (15, 1)])
 def test_a_batched_input_is_ranked_on_a_sample_of_its_items(tmp_path, monkeypatch, batch, sample):
     """Each single-node run costs one inference of the whole batch: at batch B >= 8 the ranking runs on the first
@@ -732,18 +745,12 @@ def test_a_batched_input_is_ranked_on_a_sample_of_its_items(tmp_path, monkeypatc
     reference of the sample behind in the backend; the verdicts still judge the whole batch."""
     job = _batched_job(tmp_path, batch)
     try:
-        oracle = job.oracle()
-        excess = oracle.evaluate(frozenset()).excess
-        seen = _spy_batches(monkeypatch, job.backend)
-        stats: dict = {}
-        rank = predicted_ranking(oracle, [], excess, min_elements=0, stats=stats)
-        n = len(oracle.candidates)
-        assert sorted(rank) == sorted(oracle.candidates)
+        rank, seen, stats = _rank_batched(job, monkeypatch)
+        n = len(rank)
         assert seen.count(sample) == n + 1 and seen.count(batch) == 1  # the check; the whole batch's reference
         assert stats["runs"] == n + 1 and stats["batch_sample"] == (sample, batch)
-        assert len(job.backend._boundaries) + len(job.backend._references) == 1  # the whole batch's only
         before = len(seen)
-        oracle.evaluate(frozenset(rank[:3]))
+        job.oracle().evaluate(frozenset(rank[:3]))
         assert seen[before:] == [batch]  # an evaluation after the ranking judges the whole batch
     finally:
         job.close()
@@ -754,16 +761,10 @@ def test_a_model_that_mixes_its_batch_is_ranked_on_the_whole_batch(tmp_path, mon
     from the batch's, and every single-node run takes the whole batch; the check run is counted."""
     job = _batched_job(tmp_path, 8, mix=True)
     try:
-        oracle = job.oracle()
-        excess = oracle.evaluate(frozenset()).excess
-        seen = _spy_batches(monkeypatch, job.backend)
-        stats: dict = {}
-        rank = predicted_ranking(oracle, [], excess, min_elements=0, stats=stats)
-        n = len(oracle.candidates)
-        assert sorted(rank) == sorted(oracle.candidates)
+        rank, seen, stats = _rank_batched(job, monkeypatch)
+        n = len(rank)
         assert seen.count(1) == 1 and seen.count(8) == n + 1
         assert stats["runs"] == n + 1 and stats["batch_sample"] is None
-        assert len(job.backend._boundaries) + len(job.backend._references) == 1
     finally:
         job.close()
 
