@@ -756,6 +756,17 @@ def test_a_batched_input_is_ranked_on_a_sample_of_its_items(tmp_path, monkeypatc
         job.close()
 
 
+def test_the_batch_sample_can_be_switched_off(tmp_path, monkeypatch):
+    """BISECTOR_RANKING_SAMPLE=0: every single-node run takes the whole batch, no check run."""
+    monkeypatch.setenv("BISECTOR_RANKING_SAMPLE", "0")
+    job = _batched_job(tmp_path, 8)
+    try:
+        rank, seen, stats = _rank_batched(job, monkeypatch)
+        assert seen == [8] * len(rank) and stats["runs"] == len(rank) and stats["batch_sample"] is None
+    finally:
+        job.close()
+
+
 def test_a_model_that_mixes_its_batch_is_ranked_on_the_whole_batch(tmp_path, monkeypatch):
     """Where the items depend on each other (here: centred on the batch mean) the sample's FP32 outputs differ
     from the batch's, and every single-node run takes the whole batch; the check run is counted."""

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -87,8 +88,12 @@ def rankable(oracle: Any, min_elements: int | None = None) -> bool:
     return bool(size) and size >= (MIN_ELEMENTS if min_elements is None else min_elements)
 
 
-SAMPLE_BATCH = True
 SAMPLE_SHARE = 8  # a batch of B >= SAMPLE_SHARE items is ranked on its first B // SAMPLE_SHARE (docs/benchmarks.md)
+
+
+def _sample_batches() -> bool:
+    """BISECTOR_RANKING_SAMPLE=0: the ranking's runs take the whole batch (their cost times the batch's share)."""
+    return os.environ.get("BISECTOR_RANKING_SAMPLE", "1").strip() != "0"
 
 
 def batch_sample(oracle: Any, backend: Any, cands: Sequence[str], min_elements: int | None = None
@@ -257,11 +262,11 @@ def _ranking(oracle: Any, backend: Any, first: Sequence[str], excess: Any, top: 
         return None  # other checks, or a handful of output numbers: a scalar sensitivity ranking (MIN_ELEMENTS)
     runs = [0]
     feeds_list, golden = oracle.feeds_list, oracle.golden
-    if SAMPLE_BATCH:
+    if _sample_batches():
         feeds_list, golden, runs[0] = batch_sample(oracle, backend, cands, min_elements)
-        if stats is not None:
-            sampled = [(_lead(f), _lead(o)) for f, o in zip(feeds_list, oracle.feeds_list) if f is not o]
-            stats["batch_sample"] = sampled[0] if sampled else None  # (items ranked, batch) of the first set
+    if stats is not None:
+        sampled = [(_lead(f), _lead(o)) for f, o in zip(feeds_list, oracle.feeds_list) if f is not o]
+        stats["batch_sample"] = sampled[0] if sampled else None  # (items ranked, batch) of the first set
     try:
         return _rank(oracle, backend, cands, first, excess, top, stats, on_run, feeds_list, golden, runs, t0)
     finally:
