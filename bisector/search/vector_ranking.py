@@ -110,7 +110,7 @@ def batch_sample(oracle: Any, backend: Any, cands: Sequence[str], min_elements: 
     batch 2 and 4 the evaluations grew on YOLOv8n (up to 2.4 times) for little time saved, so smaller batches
     rank on every item.
 
-    A set is batched when every input and every float output has the same leading dimension B >= 2. Its sample
+    A set is batched when every input and every float output has the same leading dimension B >= 8. Its sample
     is used only where the FP32 plan run on it gives the emulator's FP32 outputs of the whole batch at those items
     (within 1% of the tolerance, one run): a model that mixes its batch items (batch statistics, a time-major
     output), or that cannot run on fewer items (a batch fixed in a Reshape), ranks on the whole set."""
