@@ -116,7 +116,6 @@ def batch_sample(oracle: Any, backend: Any, cands: Sequence[str], min_elements: 
     output), or that cannot run on fewer items (a batch fixed in a Reshape), ranks on the whole set."""
     tol = oracle.tolerance
     all_fp32 = Plan(frozenset(cands), tuple(cands))
-    forget = getattr(backend, "forget", None)
     feeds_out, golden_out, runs = [], [], 0
     for feeds, gold in zip(oracle.feeds_list, oracle.golden):
         floats = [k for k, g in gold.items() if np.issubdtype(np.asarray(g).dtype, np.floating)]
@@ -127,8 +126,7 @@ def batch_sample(oracle: Any, backend: Any, cands: Sequence[str], min_elements: 
         if part is not None:
             runs += 1
             if not _stands_for_the_batch(backend, all_fp32, feeds, part, floats, gold, tol, m):
-                if callable(forget):
-                    forget(part)
+                _forget(backend, part)
                 part = None
         feeds_out.append(feeds if part is None else part)
         golden_out.append(gold if part is None else {k: (np.asarray(g)[:m] if k in floats else g)
@@ -138,10 +136,16 @@ def batch_sample(oracle: Any, backend: Any, cands: Sequence[str], min_elements: 
     replaced = [f for f, orig in zip(feeds_out, oracle.feeds_list) if f is not orig]
     if not replaced or size < (MIN_ELEMENTS if min_elements is None else min_elements):
         for f in replaced:
-            if callable(forget):
-                forget(f)
+            _forget(backend, f)
         return oracle.feeds_list, oracle.golden, runs
     return feeds_out, golden_out, runs
+
+
+def _forget(backend: Any, feeds: dict) -> None:
+    """The backend drops its references of a sample's feeds (asked for a while, then never again)."""
+    forget = getattr(backend, "forget", None)
+    if callable(forget):
+        forget(feeds)
 
 
 def _lead(feeds: dict) -> int:
@@ -270,10 +274,9 @@ def _ranking(oracle: Any, backend: Any, first: Sequence[str], excess: Any, top: 
     try:
         return _rank(oracle, backend, cands, first, excess, top, stats, on_run, feeds_list, golden, runs, t0)
     finally:
-        forget = getattr(backend, "forget", None)
         for feeds, orig in zip(feeds_list, oracle.feeds_list):
-            if feeds is not orig and callable(forget):
-                forget(feeds)  # the sample's references: not asked again
+            if feeds is not orig:
+                _forget(backend, feeds)
 
 
 def _rank(oracle: Any, backend: Any, cands: list[str], first: Sequence[str], excess: Any, top: int,
