@@ -546,6 +546,38 @@ def test_sessions_on_inputs_of_several_mb_start_with_their_pool(monkeypatch):
     gc.collect()  # the pooled sessions' threads go now, not during a later test that counts threads
 
 
+@pytest.mark.parametrize("storage", ["fp16", "bf16"])
+def test_fed_weights_are_held_as_fp16_and_widened_in_the_session(storage):
+    """Under FP16 storage a weight fed to a block session is its FP16 copy (half the bytes of an FP32 array of
+    FP16 values), widened by a Cast inside the session; the held-bytes budget counts those halves. Under BF16
+    storage fed weights stay FP32 arrays. The mixed model's writer gets the halves as they are (same values as
+    the weight rule's)."""
+    from bisector.fp16 import rules
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import scale
+
+    tf, _ = scale.transformer_model(1, 128, 32, heads=2)
+    cat = Catalog.from_model(tf)
+    x = {"x": np.random.default_rng(2).uniform(-1, 1, (1, 32, 128)).astype(np.float32)}
+    be = EmulateBackend(block_size=4, storage=storage)
+    be.open(cat)
+    be.run(Plan(frozenset(), cat.candidates), x)  # all FP16: every weight read rounded
+    ex = be.executor
+    fed = {t: v for s in ex._sessions.values() for t, v in s._bisector_fed.items() if v is not ex.weights.get(t)}
+    assert fed
+    want = np.float16 if storage == "fp16" else np.float32
+    assert all(v.dtype == want for v in fed.values())
+    assert ex._converted_held == sum(s._bisector_converted for s in ex._sessions.values()) > 0
+    if storage == "fp16":
+        rounded = be.rounded_weights()
+        for t, v in fed.items():
+            name = t.removesuffix("__fp16")
+            np.testing.assert_array_equal(v, rules.weight_rule(ex.weights[name]))
+            assert rounded[name] is v
+    be.close()
+
+
 def test_weights_are_fed_except_where_a_kernel_needs_a_constant(monkeypatch):
     """Block sessions get large weights as inputs fed from our arrays (ORT copies an external initializer while
     it builds a session: ~5 ms per block of an 8 x 768 transformer); Conv weights stay initializers (NCHWc).
@@ -573,7 +605,7 @@ def test_weights_are_fed_except_where_a_kernel_needs_a_constant(monkeypatch):
             fed = {t for s in be.executor._sessions.values() for t in s._bisector_fed}
             if mode == "fed":
                 readers = {t: n.op_type for n in model.graph.node for t in n.input}
-                assert all(readers[t.removesuffix("__rounded")] not in ("Conv", "ConvTranspose") for t in fed)
+                assert all(readers[t.removesuffix("__rounded").removesuffix("__fp16")] not in ("Conv", "ConvTranspose") for t in fed)
                 if any(n.op_type == "Conv" for n in model.graph.node):
                     assert any(s._bisector_shared for s in be.executor._sessions.values())
                 else:

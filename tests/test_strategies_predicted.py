@@ -456,6 +456,22 @@ def test_the_greedy_computes_only_violated_columns_and_keeps_the_definitions_ord
         assert set(order) == set(range(n)) - set(first)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_the_greedy_on_the_errors_squares_them_as_the_squares_would_be(seed):
+    """`_greedy(z, squared=False)` squares float32 errors a chunk at a time (no n x k float64 copy): the order and
+    the prefix are those of the float64 squares, bit for bit, and the errors are left as they were."""
+    rng = np.random.default_rng(seed)
+    n, k = int(rng.integers(2, 200)), int(rng.integers(1, 400))  # n past one 64-row chunk on most seeds
+    z = (rng.standard_normal((n, k)) * rng.lognormal(0, 1.5, (n, 1)) * 0.3).astype(np.float32)
+    z[0, 0] = 1e6  # the value a NaN or inf error becomes (`scaled_error`)
+    for start in (None, 0.5, 30.0):
+        first = sorted(rng.choice(n, size=int(rng.integers(0, 3)), replace=False).tolist())
+        before = z.copy()
+        got = _greedy(z, first, start, squared=False)
+        assert got == _greedy(np.square(z, dtype=np.float64), first, start)
+        np.testing.assert_array_equal(z, before)
+
+
 def test_auto_switches_after_fewer_culprits_when_the_ranking_is_available():
     """With a hint that says it can rank on the judging backend (``exact_backend``), auto turns to its ranked
     search after ``diffuse_after_ranked`` culprits instead of ``diffuse_after``: the hint is called then; without

@@ -41,8 +41,8 @@ def build_mixed_detached(catalog: Catalog, plan: Plan | frozenset[str],
     """The mixed model with its large weights as stubs (`bisector.model.weights`), and their values: the
     catalog's own arrays for FP32 weights, `FP16Copy`s (converted when read with `np.asarray`) for the FP16
     ones. A writer streams them to an external data file without a protobuf copy of the weights
-    (`artifacts.write`). `rounded`: weights already rounded by the weight rule (FP32 arrays of FP16 values: the
-    emulate backend's copies from the search), converted to FP16 exactly instead of by the rule again."""
+    (`artifacts.write`). `rounded`: weights already rounded by the weight rule (FP16 arrays, or FP32 arrays of FP16
+    values: the emulate backend's copies from the search), used instead of applying the rule again."""
     if not isinstance(plan, Plan):
         plan = Plan(frozenset(plan), catalog.candidates)
     src = catalog.model
@@ -78,7 +78,8 @@ class FP16Copy:
     dtype = np.dtype(np.float16)
 
     def __init__(self, value: np.ndarray, as_param: bool = False, rounded: np.ndarray | None = None):
-        # rounded: `value` through rules.round_weight already (FP16 values in FP32): its FP16 form is exact
+        # rounded: `value` through the weight rule already (an FP16 array, or FP16 values in FP32: its FP16 form
+        # is exact)
         self.value, self.as_param, self.rounded = value, as_param, None if as_param else rounded
         self.shape = tuple(np.shape(value))
         self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
@@ -86,7 +87,7 @@ class FP16Copy:
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         value = self.value
         if self.rounded is not None:
-            out = fastcast.to_half(self.rounded)
+            out = self.rounded if self.rounded.dtype == np.float16 else fastcast.to_half(self.rounded)
         elif self.as_param:
             out = rules.round_activation(value).astype("float16")
         else:

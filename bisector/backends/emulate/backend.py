@@ -62,11 +62,11 @@ class EmulateBackend:
                 "rules": tag if self.storage == "fp16" else f"bf16-{tag}", "bisector": __version__}
 
     def rounded_weights(self) -> dict[str, np.ndarray]:
-        """The FP16-rounded weight copies the search still holds (FP32 arrays of FP16 values, by the weight rule),
-        for the mixed model's writer to convert exactly instead of rounding again; {} for BF16 storage."""
+        """The FP16-rounded weight copies the search still holds (by the weight rule: FP16 arrays, or FP32 arrays
+        of FP16 values), for the mixed model's writer to use instead of rounding again; {} for BF16 storage."""
         if self.executor is None or self.executor.storage != "fp16":
             return {}
-        return dict(self.executor._converted.items())
+        return {**self.executor._converted, **self.executor._halves}
 
     @contextlib.contextmanager
     def one_off_plans(self) -> Iterator[None]:

@@ -30,7 +30,7 @@ from bisector.cores import usable_cores
 from bisector.errors import BackendFailure
 from bisector.fp16 import rules
 from bisector.fp16.arithmetic import split_bias_epilogue
-from bisector.fp16.casts import raw_name, round_trip, rounded_name
+from bisector.fp16.casts import FLOAT, cast, fp16_name, raw_name, round_trip, rounded_name
 from bisector.fp16.points import Read, RoundingPoints
 from bisector.model import weights as weight_store
 from bisector.model.catalog import Catalog
@@ -74,6 +74,7 @@ class NodeExecutor:
         # once the converted weights they hold pass `converted_budget`: an all-FP16 evaluation would otherwise
         # keep a second, rounded copy of every weight (a 1.27 GB model: +1.27 GB at the search's peak).
         self._converted: weakref.WeakValueDictionary[str, np.ndarray] = weakref.WeakValueDictionary()
+        self._halves: weakref.WeakValueDictionary[str, np.ndarray] = weakref.WeakValueDictionary()  # `converted_half`
         weight_bytes = sum(int(np.asarray(v).nbytes) for v in self.weights.values())
         self.converted_budget = max(CONVERTED_BUDGET_MIN, weight_bytes // 4)
         self.max_sessions = max(MAX_SESSIONS, SESSIONS_PER_BLOCK * len(self.blocks),
@@ -86,7 +87,7 @@ class NodeExecutor:
         constant = {t for n in catalog.model.graph.node if n.op_type in _CONSTANT_WEIGHT_OPS for t in n.input}
         self.copies_budget = max(COPIES_BUDGET_MIN, 2 * sum(
             int(np.asarray(v).nbytes) for t, v in self.weights.items() if t in constant))
-        self._recent_converted: OrderedDict[str, np.ndarray] = OrderedDict()  # `_keep_converted`
+        self._recent_converted: OrderedDict[str | tuple, np.ndarray] = OrderedDict()  # `_keep_converted`
         self._recent_bytes = 0
         self._specs: dict[tuple, tuple] = {}
         # False while plans that will not be asked again run (the predicted ranking's single-node plans): their
@@ -135,12 +136,33 @@ class NodeExecutor:
         self._keep_converted(weight, w)
         return w
 
+    def converted_half(self, weight: str) -> np.ndarray:
+        """`converted` as the FP16 array itself (`rules.weight_rule`: the same values, half the bytes), for a
+        session that widens it with a Cast (`compose`); computed once while a session or the recent-use list
+        holds it."""
+        w = self._halves.get(weight)
+        if w is None:
+            w = rules.weight_rule(self.weights[weight])
+            self._halves[weight] = w
+        self._keep_converted(("half", weight), w)  # a key no weight name is
+        return w
+
+    def _widens(self, weight: str) -> bool:
+        """Whether a session reads this weight's FP16 copy as FP16, widened by a Cast in the session, instead of
+        as an FP32 array of FP16 values. Weights fed as inputs do (FP16 storage; `_session` feeds weights from
+        SHARE_MIN_BYTES up): the Cast is exact, costs a pass over the weight per run, and halves the rounded
+        copies a search keeps (all of them below 1 GB of weights: 85 of a 12 x 384 transformer's 355 MB peak)."""
+        if self.storage != "fp16":
+            return False
+        v = self.weights[weight]
+        return np.dtype(getattr(v, "dtype", np.float32)) == np.float32 and int(np.asarray(v).nbytes) >= weight_store.SHARE_MIN_BYTES
+
     @property
     def converted_recent_bytes(self) -> int:
         """Converted weights kept by recent use alone: half the budget cached sessions may hold."""
         return self.converted_budget // 2
 
-    def _keep_converted(self, weight: str, w: np.ndarray) -> None:
+    def _keep_converted(self, weight: str | tuple, w: np.ndarray) -> None:
         """The most recently used converted weights stay alive up to `converted_recent_bytes`, also when no cached
         session reads them any more: a diffuse search evicts block variants all the time, and converting the
         same weights again on the next variant was a third of its variant builds (12 x 384 transformer: ~11
@@ -281,6 +303,8 @@ class NodeExecutor:
         out: list[onnx.NodeProto] = []
         weights: dict[str, np.ndarray] = {}
         rounded: set[str] = set()
+        # A weight a Conv reads stays an FP32 initializer (its NCHWc kernel needs a constant; `_session`)
+        constant = {t for n in nodes if n.op_type in _CONSTANT_WEIGHT_OPS for t in n.input}
         for node, (reads, round_out) in zip(nodes, specs):
             core = onnx.NodeProto()
             core.CopyFrom(node)
@@ -288,7 +312,13 @@ class NodeExecutor:
                 if t in self.weights:
                     if r is Read.WEIGHT and idx is not None:
                         core.input[idx] = rounded_name(t)
-                        weights[rounded_name(t)] = self.converted(t)
+                        if rounded_name(t) in weights or fp16_name(t) in weights:
+                            continue
+                        if t not in constant and self._widens(t):
+                            weights[fp16_name(t)] = self.converted_half(t)
+                            out.append(cast(fp16_name(t), rounded_name(t), FLOAT))  # just before its first reader
+                        else:
+                            weights[rounded_name(t)] = self.converted(t)
                     else:  # an outer-scope weight is read by its own name: one version per session
                         weights[t] = self.converted(t) if r is Read.WEIGHT else self.weights[t]
                 elif r is Read.ROUND and idx is not None:
