@@ -3,6 +3,7 @@ bench/scale.py, not by timed tests): spilled reference tensors, large fused bloc
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -831,3 +832,36 @@ def test_arena_shrink_changes_no_result_and_waits_for_growth(monkeypatch):
     for p in plans:
         off.run(p, x)
     assert calls and not any(calls)
+
+
+def test_an_api_search_runs_before_pydantic_is_imported(tmp_path):
+    """pydantic (constraints.json's and the batch config's models, ~10 MB resident) is imported by the Python API
+    once a search is over, not before: its memory is not part of the search's peak. (The CLI loads it anyway:
+    typer 0.29 coerces every parameter through pydantic.) The result's constraints are still validated."""
+    import json
+    import subprocess
+
+    script = (
+        "import sys\n"
+        "import bisector.app.precision as p\n"
+        "seen = []\n"
+        "run = p.run_search\n"
+        "def spy(*a, **k):\n"
+        "    seen.append(sorted(m for m in sys.modules if m.split('.')[0] in ('pydantic', 'pydantic_core')))\n"
+        "    out = run(*a, **k)\n"
+        "    seen.append(sorted(m for m in sys.modules if m.split('.')[0] in ('pydantic', 'pydantic_core')))\n"
+        "    return out\n"
+        "p.run_search = spy\n"
+        "import bisector\n"
+        f"r = bisector.precision({str(PLANTED)!r}, atol=1e-1, val_range={{'x': (0, 1)}},\n"
+        f"                       output_dir={str(tmp_path / 'out')!r}, mixed=False)\n"
+        "print('SEEN', repr(seen), r.passed, type(r.constraints).__module__)\n"
+    )
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("SEEN "))
+    seen = eval(line[5:line.index("]]") + 2])
+    assert seen == [[], []]
+    assert line.endswith("True bisector.artifacts.constraints")
+    assert json.loads((tmp_path / "out" / "constraints.json").read_text())["fp32_nodes"]

@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-from bisector.app.batch import BatchConfig, BatchResult, ModelEntry, load_config, run_batch
 from bisector.app.convert import convert
 from bisector.app.debug import Candidate, Check, DebugResult, debug_precision
 from bisector.app.evaluate import EvaluateResult, evaluate
@@ -21,6 +20,19 @@ from bisector.artifacts.junit import Case, Suite  # result presentation the comm
 from bisector.artifacts.report_text import format_comparison
 from bisector.sensitivity import profile_document
 from bisector.text import one_line  # a node name on one terminal line (newlines shown as \n)
+
+# `bisector batch`'s config models are pydantic, as is constraints.json's (`bisector.artifacts.constraints`):
+# loaded on first use, so that a search, which needs neither before it ends, runs without pydantic's ~10 MB
+# (12 x 384 transformer's diffuse search: a thirtieth of its peak).
+_BATCH = frozenset({"BatchConfig", "BatchResult", "ModelEntry", "load_config", "run_batch"})
+
+
+def __getattr__(name: str):
+    if name in _BATCH:
+        from bisector.app import batch
+
+        return getattr(batch, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "precision", "verify", "evaluate", "profile", "inspect", "run_batch", "load_config",

@@ -22,9 +22,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Optional
-
-from pydantic import Field as PydField
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional
 
 from bisector import __version__
 from bisector.app.options import (
@@ -36,7 +34,6 @@ from bisector.app.options import (
     option,
     split_options,
 )
-from bisector.artifacts.constraints import Constraints, Evaluations, Golden
 from bisector.artifacts.candidate import CandidateFiles, EngineWriter
 from bisector.backends.check import (
     OUTCOMES,
@@ -60,6 +57,9 @@ from bisector.search.check_oracle import (
     replay_document,
 )
 from bisector.search.judge import Verdict
+
+if TYPE_CHECKING:
+    from bisector.artifacts.constraints import DebugConstraints
 
 log = logging.getLogger("bisector")
 
@@ -170,13 +170,6 @@ class Check:
 
 
 DEBUG_GROUPS: tuple[type, ...] = (Inputs, Tolerances, BackendChoice, Cache, Search, Check)
-
-
-class DebugConstraints(Constraints):
-    """constraints.json of `debug precision`: the usual record plus the check and every verdict."""
-
-    check: dict[str, Any] = PydField(default_factory=dict, description="the check command, how its end is read, "
-                                     "and every verdict (status, exit code or signal, seconds)")
 
 
 @dataclass
@@ -492,6 +485,8 @@ def _search(model, catalog, job, checker, journal, description, *, check, passes
                "check": sum(v.check_seconds for v in verdicts if v.source == "new"),
                "write": sum(v.seconds.get("write", 0.0) for v in verdicts if v.source == "new"),
                "engine": sum(v.seconds.get("engine", 0.0) for v in verdicts if v.source == "new")}
+    from bisector.artifacts.constraints import DebugConstraints, Evaluations, Golden
+
     constraints = DebugConstraints(
         tool_version=__version__, model=str(model), model_sha256=catalog.sha256,
         backend=_backend_record(check, passes, job, files if check is not None else None, c,
@@ -538,6 +533,8 @@ def _search_inputs(s: Search, catalog) -> tuple[dict, frozenset[str] | None]:
                          "command: make the check run on that hardware instead")
     start = None
     if s.start_from is not None:
+        from bisector.artifacts.constraints import Constraints
+
         recorded = Constraints.read(s.start_from).fp32_nodes
         missing = catalog.unknown(recorded)
         if missing:

@@ -9,7 +9,6 @@ from typing import Any, Iterable
 
 from bisector.app.job import build_job
 from bisector.app.options import BackendChoice, Cache, Inputs, Tolerances, split_options
-from bisector.artifacts.constraints import Constraints
 from bisector.compare import OutputComparison
 from bisector.errors import UsageError
 from bisector.fp16.plan import Plan
@@ -52,6 +51,8 @@ def evaluate(model: str | Path, fp32: Iterable[str] = (), *, constraints: str | 
         raise UsageError("--mark-all needs --backend emulate (other backends expose only graph outputs)")
     wanted = list(fp32)
     if constraints is not None:
+        from bisector.artifacts.constraints import Constraints
+
         wanted += Constraints.read(Path(constraints)).fp32_nodes
     with build_job(Path(model), groups[Inputs], groups[Tolerances], groups[BackendChoice], groups[Cache]) as job:
         cat = job.catalog

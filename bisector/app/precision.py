@@ -8,14 +8,13 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import onnx
 
 from bisector import __version__
 from bisector.app.job import Job, build_job
 from bisector.app.options import BackendChoice, Cache, Inputs, Search, Tolerances, split_options
-from bisector.artifacts.constraints import Constraints, Evaluations, Golden
 from bisector.errors import UsageError
 from bisector.files import ensure_dir
 from bisector.budget import Budget
@@ -23,6 +22,9 @@ from bisector.search.driver import SearchResult, run_search
 from bisector.search.executors import (WORKER_INDEX, Executor, ProcessPool, RayPool, start_executor,
                                        worker_threads)
 from bisector.search.judge import Verdict
+
+if TYPE_CHECKING:
+    from bisector.artifacts.constraints import Constraints
 
 log = logging.getLogger("bisector")
 
@@ -338,6 +340,9 @@ def open_job_spec(executor: Executor, model: Path, groups: dict, job: Job) -> No
 def _constraints(job: Job, model: Path, result: SearchResult, strategy: str, timings: dict,
                  strategy_options: dict | None = None) -> Constraints:
     cat = job.catalog
+    # pydantic, imported once the search is over: ~10 MB less at its peak
+    from bisector.artifacts.constraints import Constraints, Evaluations, Golden
+
     return Constraints(
         tool_version=__version__, model=str(model), model_sha256=cat.sha256, backend=job.backend.describe(),
         tolerances=job.tolerance.describe(), inputs=job.inputs_info, fp32_nodes=sorted(result.fp32),
@@ -389,6 +394,8 @@ def _load_scores(source: str, candidates) -> dict[str, float]:
 
 
 def _start_set(path: Path, cat) -> frozenset[str]:
+    from bisector.artifacts.constraints import Constraints
+
     recorded = Constraints.read(path).fp32_nodes
     missing = cat.unknown(recorded)
     if missing:

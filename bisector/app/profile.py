@@ -11,7 +11,6 @@ import numpy as np
 
 from bisector.app.job import Job, build_job
 from bisector.app.options import Cache, Inputs, Tolerances, BackendChoice, split_options
-from bisector.artifacts.constraints import Constraints
 from bisector.errors import UsageError
 from bisector.files import ensure_dir
 from bisector.search.judge import Judged
@@ -42,6 +41,8 @@ def profile(model: str | Path, fp32: Iterable[str] = (), *, constraints: str | P
         ensure_dir(Path(output_dir))
     wanted = list(fp32)
     if constraints is not None:
+        from bisector.artifacts.constraints import Constraints
+
         wanted += Constraints.read(Path(constraints)).fp32_nodes
     t0 = time.perf_counter()
     with build_job(Path(model), groups[Inputs], groups[Tolerances], _EMULATE, groups[Cache], threads=threads) as job:

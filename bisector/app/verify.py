@@ -6,14 +6,16 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bisector.app.job import build_job
 from bisector.app.options import BackendChoice, Cache, Inputs, Tolerances, split_options
-from bisector.artifacts.constraints import Constraints
 from bisector.errors import UsageError
 from bisector.search.driver import removable
 from bisector.search.judge import Verdict
+
+if TYPE_CHECKING:
+    from bisector.artifacts.constraints import Constraints
 
 log = logging.getLogger("bisector")
 
@@ -35,6 +37,8 @@ def verify(model: str | Path, constraints: str | Path, *, check_minimal: bool = 
     """Judge the recorded `fp32_nodes` again. Tolerances and generated-input settings default to what the
     constraints recorded (options given here override them); inputs recorded as files must be given again (or
     still be where they were, with the same digest) — never quietly replaced by generated ones."""
+    from bisector.artifacts.constraints import Constraints
+
     recorded = Constraints.read(Path(constraints))
     if tolerances is None:  # each tolerance option not given here is the recorded one
         given = {f.name: options.pop(f.name) for f in dataclasses.fields(Tolerances) if f.name in options}

@@ -107,3 +107,10 @@ class Constraints(BaseModel):
             where = ".".join(str(x) for x in first.get("loc", ())) or "?"
             raise UsageError(f"{path} is not a valid bisector constraints.json: field {where!r}: {first.get('msg')}"
                              + (f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else "")) from None
+
+
+class DebugConstraints(Constraints):
+    """constraints.json of `debug precision`: the usual record plus the check and every verdict."""
+
+    check: dict[str, Any] = Field(default_factory=dict, description="the check command, how its end is read, "
+                                  "and every verdict (status, exit code or signal, seconds)")

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from bisector.model.catalog import Catalog
-from bisector.artifacts.constraints import Constraints
 from bisector.text import markdown_code as code
 from bisector.text import markdown_text as text
+
+if TYPE_CHECKING:
+    from bisector.artifacts.constraints import Constraints
 
 # Every string that comes from the model or the command line (file, node, op and output names, reasons) goes
 # through `code` or `text`: a name with `|`, backticks, HTML or escape sequences stays data in report.md.
