@@ -475,7 +475,8 @@ def test_sessions_get_an_intra_op_pool_only_when_their_first_run_is_long(monkeyp
     results, threads = {}, {}
     from bisector.fp16 import rules
 
-    rules.round_weight(np.ones(1 << 16, np.float32))  # the process-wide cast session (and its pool) exists first
+    rules.round_weight(np.ones(1 << 16, np.float32))  # the process-wide cast sessions (and their pools) exist first
+    rules.weight_rule(np.ones(1 << 16, np.float32))  # (fed weights' FP16 copies)
     for name, seconds in (("never", float("inf")), ("always", 0.0)):
         monkeypatch.setattr(ex, "POOL_FROM_SECONDS", seconds)
         be = EmulateBackend(block_size=8)
@@ -622,7 +623,7 @@ def test_weights_are_fed_except_where_a_kernel_needs_a_constant(monkeypatch):
 
 def test_block_variants_are_bounded_per_block_and_apart_from_node_sessions(monkeypatch):
     """A diffuse search makes a new variant of most blocks per plan; ~150 KB each, they are kept up to two per
-    block or half the weights' worth (at least MAX_SESSIONS). Node-level runs (`run_all`, `profile`) keep theirs apart: they evict no block."""
+    block or a quarter of the weights' worth (at least MAX_SESSIONS). Node-level runs (`run_all`, `profile`) keep theirs apart: they evict no block."""
     from bisector.backends.emulate import executor as ex
 
     monkeypatch.setenv("BISECTOR_NUMPY_BLOCKS", "0")  # the chain's blocks as sessions (else numpy runs them)

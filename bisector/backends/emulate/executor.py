@@ -569,13 +569,16 @@ def _numpy_blocks() -> bool:
 _CONSTANT_WEIGHT_OPS = frozenset({"Conv", "ConvTranspose"})
 
 # Block variants kept: two per block (its all-FP32 and all-FP16 forms, what most evaluations reuse), or as many
-# as SESSION_BYTES each makes half the model's weights, at least MAX_SESSIONS. A variant costs ~150 KB besides its
+# as SESSION_BYTES each makes a quarter of the model's weights, at least MAX_SESSIONS. A variant costs ~150 KB besides its
 # rounded weights: a diffuse search on a 6-layer transformer (38 blocks, 42 MB of weights) held 375 MB with up to
 # 1024 of them, 224 MB with 76 — but plans cycling through more variants than are kept rebuild every block they
 # touch (3 random plans in turn: 36 ms per evaluation with all kept, 176 ms with 76).
+# A quarter of the weights, not half: a 12 x 384 transformer's diffuse search (85 MB of weights) kept 277 variants
+# at half, ~200 KB each, and peaked at 308 MB; at a quarter (150: two per block) 291 MB in the same 25 s, the
+# 6 x 384 one unchanged (docs/benchmarks.md, "Scale, thirteenth round").
 MAX_SESSIONS = 128
 SESSIONS_PER_BLOCK = 2
-SESSIONS_WEIGHT_SHARE = 0.5
+SESSIONS_WEIGHT_SHARE = 0.25
 SESSION_BYTES = 150 << 10
 MAX_NODE_SESSIONS = 1024  # node-level variants (`run_all`, `profile`) kept at least (4 per block in larger models)
 _SMALL_TENSOR_BYTES = 64 * 1024  # sessions whose inputs and weights are all this small run single-threaded
