@@ -22,8 +22,8 @@ from bisector.sensitivity import profile_document
 from bisector.text import one_line  # a node name on one terminal line (newlines shown as \n)
 
 # `bisector batch`'s config models are pydantic, as is constraints.json's (`bisector.artifacts.constraints`):
-# loaded on first use, so that a search, which needs neither before it ends, runs without pydantic's ~10 MB
-# (12 x 384 transformer's diffuse search: a thirtieth of its peak).
+# loaded on first use, so that a search through this API, which needs neither before it ends, runs without
+# pydantic's ~10 MB resident (the CLI imports pydantic anyway: typer 0.29 parses its options through it).
 _BATCH = frozenset({"BatchConfig", "BatchResult", "ModelEntry", "load_config", "run_batch"})
 
 
