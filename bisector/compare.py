@@ -226,9 +226,15 @@ def _relative(absdiff: np.ndarray, g: np.ndarray, out: np.ndarray | None = None)
     return out
 
 
-def _relative_chunk(ad: np.ndarray, gc: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+def golden_magnitude(gc: np.ndarray) -> np.ndarray:
+    """|golden| as the relative error divides by it: a zero float golden counts as EPSILON (Polygraphy's rule;
+    the predicted ranking's per-element tolerances use it too)."""
     g_eps = np.where(gc == 0, gc + EPSILON, gc) if np.issubdtype(gc.dtype, np.floating) else gc
-    return np.divide(ad, np.abs(g_eps), out=out)
+    return np.abs(g_eps)
+
+
+def _relative_chunk(ad: np.ndarray, gc: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    return np.divide(ad, golden_magnitude(gc), out=out)
 
 
 def _elementwise(absdiff: np.ndarray, g: np.ndarray, atol: float, rtol: float, m: float) -> tuple[int, float]:
@@ -256,8 +262,7 @@ def _excess(ad: np.ndarray, rd: np.ndarray, atol: float, rtol: float) -> float:
     the same number bit for bit. NaN anywhere is inf at once; tolerances outside [1e-30, 1e30] (zero among
     them: the float64 path's inf) take the float64 path."""
     if ad.dtype != np.float32 or rd.dtype != np.float32 or not (1e-30 < atol < 1e30 and 1e-30 < rtol < 1e30):
-        per_element = np.minimum(_ratio(ad, atol), _ratio(rd, rtol))
-        return float(np.max(np.where(np.isnan(per_element), np.inf, per_element), initial=0.0))
+        return _excess64(ad, rd, atol, rtol)
     fast = np.multiply(ad, np.float32(1.0 / atol))
     np.minimum(fast, np.multiply(rd, np.float32(1.0 / rtol)), out=fast)
     top = fast.max(initial=np.float32(0.0))
@@ -267,7 +272,12 @@ def _excess(ad: np.ndarray, rd: np.ndarray, atol: float, rtol: float) -> float:
     # bound does not hold: every element in float64 there, as before.
     near = (np.flatnonzero(fast >= top * np.float32(1 - 1e-5)) if _F32_SAFE_LOW <= top < np.inf
             else slice(None))
-    per_element = np.minimum(_ratio(ad[near], atol), _ratio(rd[near], rtol))
+    return _excess64(ad[near], rd[near], atol, rtol)
+
+
+def _excess64(ad: np.ndarray, rd: np.ndarray, atol: float, rtol: float) -> float:
+    """`_excess` of these elements in float64, every one (NaN as inf)."""
+    per_element = np.minimum(_ratio(ad, atol), _ratio(rd, rtol))
     return float(np.max(np.where(np.isnan(per_element), np.inf, per_element), initial=0.0))
 
 

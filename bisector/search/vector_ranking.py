@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from bisector.compare import EPSILON
+from bisector.compare import golden_magnitude
 from bisector.budget import BudgetExhausted
 from bisector.fp16.plan import Plan
 
@@ -445,15 +445,14 @@ _STEP = 1 << 18  # elements per chunk of the whole-output arithmetic: a few MB o
 
 
 def _threshold(g: np.ndarray, atol: float, rtol: float, margin: float) -> np.ndarray:
-    """Each element's tolerance, max(atol, rtol·|g|) · margin (g = 0 as EPSILON, as the comparator does), at least
+    """Each element's tolerance, max(atol, rtol·|g|) · margin (|g| as the comparator takes it), at least
     float32's smallest normal, as float32 — chunk by chunk: whole-array, its two temporaries (|g| with epsilon, the
     unrounded threshold) stayed alive through the ranking, 32 of the 128 MB it held on a recogniser at batch 8."""
     out = np.empty(g.size, np.float32)
     tiny = np.finfo(np.float32).tiny
     for lo in range(0, g.size, _STEP):
         c = g[lo:lo + _STEP]
-        ge = np.where(c == 0, c + EPSILON, c)
-        out[lo:lo + _STEP] = np.maximum(np.maximum(atol, rtol * np.abs(ge)) * margin, tiny)
+        out[lo:lo + _STEP] = np.maximum(np.maximum(atol, rtol * golden_magnitude(c)) * margin, tiny)
     return out
 
 
