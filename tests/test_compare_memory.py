@@ -168,3 +168,36 @@ def test_excess_is_the_float64_formula_bit_for_bit():
                                                      else 10.0 ** rng.uniform(-9, 2))
             rtol = 0.0 if trial % 13 == 0 else float(10.0 ** rng.uniform(-9, 2))
             assert compare._excess(ad, rd, atol, rtol) == old(ad, rd, atol, rtol), (trial, atol, rtol)
+
+
+def test_elementwise_check_on_float32_is_whole_array_numpy(monkeypatch):
+    """The float32 path (one pass per chunk into reused scratch arrays: |golden| with zeros as EPSILON, the
+    relative error, the mismatch count as "not within either tolerance", the excess) gives what plain whole-array
+    NumPy gives for Polygraphy's formulas, with zeros, -0, NaN, ±inf and subnormals across chunk boundaries."""
+    monkeypatch.setattr(compare, "_CHUNK", 1000)
+    rng = np.random.default_rng(11)
+    g = (rng.standard_normal(4321) * 2).astype(np.float32)
+    a = (g + rng.standard_normal(g.size).astype(np.float32) * np.float32(3e-3)).astype(np.float32)
+    g[[0, 999, 1000, 2500]] = 0
+    g[17] = -0.0
+    a[[5, 1999]] = np.nan
+    a[3001], g[3002], g[3003] = np.inf, -np.inf, np.float32(1e-42)
+    a[1000] = 0  # an exact zero where the golden is zero: no error (0 / EPSILON), not 0 / 0
+    g_fin = np.where(np.isfinite(g), g, np.float32(1))  # the same without NaN and inf: summaries to compare
+    a_fin = np.where(np.isfinite(a) & np.isfinite(g), a, g_fin)
+    for a, g, atol, rtol, m in ((a, g, 1e-3, 1e-3, 1.0), (a, g, 0.0, 5e-3, 0.8), (a, g, 2e-3, 0.0, 1.0),
+                                (a_fin, g_fin, 1e-3, 1e-3, 1.0), (a_fin, g_fin, 0.0, 5e-3, 1.0)):
+        r = compare_output("y", a, g, _tol("elemwise", atol, rtol, m))
+        with np.errstate(all="ignore"):
+            ad = np.abs(a - g)
+            rd = ad / np.abs(np.where(g == 0, g + compare.EPSILON, g))
+            bad = ((ad > atol * m) | np.isnan(ad)) & ((rd > rtol * m) | np.isnan(rd))
+            per = np.minimum(ad.astype(np.float64) / atol if atol else np.where(ad > 0, np.inf, 0.0),
+                             rd.astype(np.float64) / rtol if rtol else np.where(rd > 0, np.inf, 0.0))
+        assert r.mismatches == int(bad.sum()) > 0 and not r.passed
+        assert r.excess == float(np.max(np.where(np.isnan(per), np.inf, per)))
+        want = {"min": float(np.min(rd)), "max": float(np.max(rd)), "mean": float(np.mean(rd)),
+                "median": float(np.median(rd))}
+        assert repr(r.rel) == repr(want)  # (NaN here: repr compares it)
+    clean = compare_output("y", g_fin + np.float32(1e-4), g_fin, _tol("elemwise", 1e-3, 1e-3))
+    assert clean.passed and clean.mismatches == 0 and 0 < clean.excess < 1
