@@ -128,6 +128,9 @@ class OutputComparison:
     excess: float = 0.0  # error in units of the tolerance: the smallest scale of (atol, rtol) that passes; > 1 fails
     margin: float = 1.0
     absdiff: np.ndarray | None = field(default=None, repr=False)
+    # elemwise: the flat index of the first element with the largest excess (where a batch fails: `search.screen`);
+    # not stored in the journal
+    worst_index: int | None = field(default=None, repr=False)
 
     def to_json(self) -> dict:
         return {
@@ -179,13 +182,14 @@ def compare_output(name: str, actual: np.ndarray, golden: np.ndarray, tol: Toler
     # the numbers are those of whole-array NumPy: on a recogniser's 17 MB output the whole-array temporaries
     # (float64 ratios, masks, |golden|) were 170 MB, the peak of a search whose plain inference takes 199 MB, and
     # absdiff and reldiff side by side another 34 MB at every evaluation.
-    mismatches = 0
+    mismatches, worst = 0, None
     has_nan = bool(absdiff.size and np.isnan(absdiff).any())
     abs_s = summary(absdiff, overwrite=False)  # before absdiff becomes reldiff; not reordered
     # The margin scales both tolerances; at margin 1 these are Polygraphy's checks exactly.
     if stat == "elemwise":
         # one pass: each chunk's relative error, its mismatches and excess, and the chunk written as reldiff
-        reldiff, mismatches, excess = _elementwise(absdiff, g, atol, rtol, m, out=None if keep_diff else absdiff)
+        reldiff, mismatches, excess, worst = _elementwise(absdiff, g, atol, rtol, m,
+                                                          out=None if keep_diff else absdiff)
         passed = mismatches == 0
     else:
         req_abs = _statistic(absdiff, stat, tol.quantile)
@@ -205,6 +209,7 @@ def compare_output(name: str, actual: np.ndarray, golden: np.ndarray, tol: Toler
     return OutputComparison(
         name, bool(passed), stat, atol, rtol, float(req_abs), float(req_rel), abs_s, rel_s,
         summary(_up(actual)), _golden_summary(g), mismatches, size, excess=excess, margin=m, absdiff=kept,
+        worst_index=worst,
     )
 
 
@@ -289,13 +294,14 @@ def _relative_chunk(ad: np.ndarray, gc: np.ndarray, out: np.ndarray | None = Non
 
 
 def _elementwise(absdiff: np.ndarray, g: np.ndarray, atol: float, rtol: float, m: float,
-                 out: np.ndarray | None = None) -> tuple[np.ndarray, int, float]:
-    """(reldiff, mismatches, excess) of Polygraphy's elementwise check at margin m, chunk by chunk: each chunk's
-    relative error is computed once (as `_relative` computes it), judged, and written to reldiff (a new array,
-    or ``out``: absdiff itself, each chunk overwritten once it is judged)."""
+                 out: np.ndarray | None = None) -> tuple[np.ndarray, int, float, int]:
+    """(reldiff, mismatches, excess, worst) of Polygraphy's elementwise check at margin m, chunk by chunk: each
+    chunk's relative error is computed once (as `_relative` computes it), judged, and written to reldiff (a new
+    array, or ``out``: absdiff itself, each chunk overwritten once it is judged). ``worst``: the flat index of
+    the first element with the largest excess (0 for an empty output)."""
     out = _destination(absdiff, out)
     flat_a, flat_g, flat_r = absdiff.reshape(-1), g.reshape(-1), out.reshape(-1)
-    mismatches, excess = 0, 0.0
+    mismatches, excess, worst = 0, 0.0, None
     scratch = _Scratch(flat_a.size) if _fast(flat_a, flat_g) else None
     with np.errstate(all="ignore"):
         for lo, hi in _chunks(flat_a.size):
@@ -313,14 +319,22 @@ def _elementwise(absdiff: np.ndarray, g: np.ndarray, atol: float, rtol: float, m
                 np.less_equal(rd, rtol * m, out=ok2)
                 np.logical_or(ok, ok2, out=ok)
                 mismatches += (hi - lo) - int(np.count_nonzero(ok))
-            excess = max(excess, _excess(ad, rd, atol, rtol, scratch and scratch.take(hi - lo)))
+            e, at = _excess_at(ad, rd, atol, rtol, scratch and scratch.take(hi - lo))
+            if e > excess or worst is None:
+                excess, worst = max(excess, e), lo + at
             flat_r[lo:hi] = rd
-    return out, mismatches, excess
+    return out, mismatches, excess, worst or 0
 
 
 def _excess(ad: np.ndarray, rd: np.ndarray, atol: float, rtol: float, scratch: "_Scratch | None" = None) -> float:
     """max over elements of min(ad/atol, rd/rtol) in float64, NaN as inf: an element passes at scale s iff
-    absdiff <= s*atol or reldiff <= s*rtol, so this is the smallest scale at which all pass.
+    absdiff <= s*atol or reldiff <= s*rtol, so this is the smallest scale at which all pass."""
+    return _excess_at(ad, rd, atol, rtol, scratch)[0]
+
+
+def _excess_at(ad: np.ndarray, rd: np.ndarray, atol: float, rtol: float,
+               scratch: "_Scratch | None" = None) -> tuple[float, int]:
+    """`_excess`, and the index of the first element that has it (0 where there are none).
 
     The float64 ratios of every element were a fifth of a large output's comparison (4.2 M elements: 34 of
     105 ms). The same ratios in float32 are within a few ulps of them, so only the elements within 1e-5 of
@@ -337,18 +351,24 @@ def _excess(ad: np.ndarray, rd: np.ndarray, atol: float, rtol: float, scratch: "
         np.minimum(fast, np.multiply(rd, np.float32(1.0 / rtol), out=scratch.mag), out=fast)
     top = fast.max(initial=np.float32(0.0))
     if np.isnan(top):
-        return float("inf")
+        return float("inf"), int(np.argmax(np.isnan(fast)))
     # Near float32's ends (a maximum that overflowed, or is so small that its rounding is coarse) the relative
     # bound does not hold: every element in float64 there, as before.
-    near = (np.flatnonzero(fast >= top * np.float32(1 - 1e-5)) if _F32_SAFE_LOW <= top < np.inf
-            else slice(None))
-    return _excess64(ad[near], rd[near], atol, rtol)
+    if _F32_SAFE_LOW <= top < np.inf:
+        near = np.flatnonzero(fast >= top * np.float32(1 - 1e-5))
+        value, at = _excess64(ad[near], rd[near], atol, rtol)
+        return value, int(near[at]) if near.size else 0
+    return _excess64(ad, rd, atol, rtol)
 
 
-def _excess64(ad: np.ndarray, rd: np.ndarray, atol: float, rtol: float) -> float:
-    """`_excess` of these elements in float64, every one (NaN as inf)."""
+def _excess64(ad: np.ndarray, rd: np.ndarray, atol: float, rtol: float) -> tuple[float, int]:
+    """`_excess_at` of these elements in float64, every one (NaN as inf)."""
     per_element = np.minimum(_ratio(ad, atol), _ratio(rd, rtol))
-    return float(np.max(np.where(np.isnan(per_element), np.inf, per_element), initial=0.0))
+    per_element = np.where(np.isnan(per_element), np.inf, per_element)
+    if per_element.size == 0:
+        return 0.0, 0
+    at = int(np.argmax(per_element))
+    return float(max(per_element.reshape(-1)[at], 0.0)), at
 
 
 _F32_SAFE_LOW = np.float32(np.finfo(np.float32).tiny * 2**20)  # far above subnormals: float32 relative error ~6e-8

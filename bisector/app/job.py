@@ -56,9 +56,10 @@ class Job:
         }
         return SqliteJournal(self.cache_dir / "journal.sqlite", description, resume=resume)
 
-    def oracle(self, budget: Budget | None = None, journal=None, on_verdict=None) -> Oracle:
+    def oracle(self, budget: Budget | None = None, journal=None, on_verdict=None, screen: bool = False) -> Oracle:
+        """`screen`: failing plans may be judged on one batch item (a search's oracle; bisector.search.screen)."""
         return Oracle(self.backend, self.catalog.candidates, self.feeds_list, self.golden.outputs, self.tolerance,
-                      journal=journal, budget=budget, on_verdict=on_verdict)
+                      journal=journal, budget=budget, on_verdict=on_verdict, screen=screen)
 
     def plan(self, fp32) -> Plan:
         """A plan keeping `fp32` (node names; pinned ones are FP32 anyway) in FP32. Unknown names: UsageError."""

@@ -26,6 +26,9 @@ class Verdict:
     worst_set: int
     seconds: dict[str, float] = field(default_factory=dict)
     source: str = "new"  # new | journal
+    # (input set, item) when a failing verdict was judged on that one batch item alone (`search.screen`): the
+    # verdict is the batch's, its comparisons the item's (their excess a lower bound of the batch's); None: all
+    screened: tuple[int, int] | None = None
 
     @property
     def excess(self) -> float:
@@ -38,12 +41,15 @@ class Verdict:
 
     def to_json(self) -> dict:
         return {"fp32": sorted(self.fp32), "passed": self.passed, "worst_set": self.worst_set, "seconds": self.seconds,
-                "outputs": {k: o.to_json() for k, o in self.outputs.items()}}
+                "outputs": {k: o.to_json() for k, o in self.outputs.items()},
+                **({"screened": list(self.screened)} if self.screened is not None else {})}
 
     @classmethod
     def from_json(cls, d: dict) -> "Verdict":
         outputs = {k: OutputComparison.from_json(k, o) for k, o in d["outputs"].items()}
-        return cls(frozenset(d["fp32"]), bool(d["passed"]), outputs, int(d["worst_set"]), dict(d.get("seconds", {})))
+        screened = d.get("screened")
+        return cls(frozenset(d["fp32"]), bool(d["passed"]), outputs, int(d["worst_set"]), dict(d.get("seconds", {})),
+                   screened=(int(screened[0]), int(screened[1])) if screened else None)
 
 
 @dataclass

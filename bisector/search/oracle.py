@@ -25,6 +25,7 @@ from bisector.budget import (  # BudgetExhausted is part of the strategy protoco
 from bisector.compare import Tolerance
 from bisector.fp16.plan import Plan
 from bisector.search.judge import Verdict, judge
+from bisector.search.screen import Screen
 from bisector.model.polyjson import Feeds
 
 
@@ -48,6 +49,7 @@ class Oracle:
         budget: Budget | None = None,
         on_verdict: Callable[[Verdict], None] | None = None,
         executor=None,
+        screen: bool = False,
     ):
         self.backend = backend
         self.candidates = tuple(candidates)
@@ -63,6 +65,9 @@ class Oracle:
         self.history: list[Verdict] = []  # distinct verdicts in the order they were first asked
         self.executor = executor  # None: judge here with `backend`
         self.rounds = 0  # sequential rounds of new evaluations: each call costs ceil(new plans / workers)
+        # `screen`: judge a new plan first on the batch item of the last failure (bisector.search.screen; in this
+        # process only: plans sent to an executor's workers are judged whole)
+        self.screen = Screen(backend, self.candidates, self.feeds_list, self.golden, tolerance) if screen else None
 
     @property
     def workers(self) -> int:
@@ -97,7 +102,7 @@ class Oracle:
         else:
             if count:
                 self.budget.check(self.new)
-            verdict = self._judge(plan)
+            verdict = self._judge_new(plan)
             if self.journal is not None:
                 self.journal.record(plan, verdict)
             self.new += 1
@@ -117,7 +122,7 @@ class Oracle:
         if known.source != "journal" or not self.confirm_final:
             return known
         plan = Plan(fp32, self.candidates)
-        fresh = self._judge(plan)
+        fresh = self._judge(plan)  # the final set's verdict is reported: all of it, never screened
         if fresh.passed != known.passed:
             import logging
 
@@ -132,6 +137,12 @@ class Oracle:
 
     def _judge(self, plan: Plan) -> Verdict:
         return judge(self.backend, plan, self.feeds_list, self.golden, self.tolerance)
+
+    def _judge_new(self, plan: Plan) -> Verdict:
+        """A new plan's verdict: screened on one batch item first where the oracle screens, else `_judge`."""
+        if self.screen is None:
+            return self._judge(plan)
+        return self.screen.judge(plan, lambda: self._judge(plan))
 
     def evaluate_many(self, sets: Sequence[frozenset[str]], count: bool = True) -> list[Verdict]:
         """Verdicts for independent sets, in the order given. Without an executor: one after another, exactly as

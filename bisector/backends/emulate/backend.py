@@ -30,6 +30,9 @@ from bisector.model.inputs import feeds_digest
 
 class EmulateBackend:
     name = "emulate"
+    # A run on one item of a batch computes what the batch run computes at that item (ORT's CPU kernels choose
+    # their algorithm from shapes, not values; bisector.search.screen checks it per model and item, bit for bit)
+    screens_items = True
 
     def __init__(self, threads: int = 0, reference_cache_size: int = 8, block_size: int | None = None,
                  arithmetic: str = "storage", storage: str = "fp16"):

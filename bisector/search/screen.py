@@ -1,0 +1,152 @@
+"""Judge a new plan first on the batch item where the last failure was (issue 14: a search costs its evaluations).
+
+One failing element fails a plan. A batch of B items is B computations that do not mix (checked below), and
+near the tolerance the failures of a search concentrate: on the PP-OCRv4 recogniser at batch 8 every one of the
+37 failing plans of its search had its worst element in the same item (docs/benchmarks.md, "Scale, fourteenth
+round"). So once a full verdict has failed, the oracle runs each new plan on that one item first: if the item
+fails, the plan fails, at about 1/B of the batch's cost; if it passes, the whole batch is judged as always.
+
+The pass/fail verdict is the one the whole batch gives; a failing verdict found on one item differs only in its
+details: its comparisons (excess, mismatches, statistics) are the item's, so its excess is a lower bound of the
+batch's, and it says so (`Verdict.screened`; the journal keeps it). A passing verdict is always the whole batch's.
+
+When it applies:
+- every output is checked elementwise (a mean or a median over the batch is not decided by one item);
+- the backend says its runs of one item compute what its batch run computes at that item (`screens_items`: the
+  emulator, whose ONNX Runtime CPU kernels choose their algorithm from shapes, never from values);
+- the input set is batched (every input and every output has the same leading dimension B >= 2), and the FP32
+  plan run on the item gives the batch's FP32 outputs at that item bit for bit (checked once per item; a model
+  that mixes its items, e.g. by batch statistics, or cannot run on one item, is judged whole as before);
+- the first failure found on an item is also judged on the whole batch, and screening stops for the search (with
+  a warning) unless the batch fails too with at least the item's excess.
+With several input sets, the set of the last failure is judged first in the same way (whole, when not batched).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from bisector.compare import Tolerance
+from bisector.fp16.plan import Plan
+from bisector.model.polyjson import Feeds
+from bisector.search.judge import Verdict, judge
+
+log = logging.getLogger("bisector")
+
+WHOLE = -1  # the item index of a screen that runs a whole (unbatched) input set
+
+
+class Screen:
+    """The item screening of one oracle (`Oracle(screen=True)`); `judge(plan, whole)` replaces `whole()`."""
+
+    def __init__(self, backend: Any, candidates: Sequence[str], feeds_list: Sequence[Feeds],
+                 golden: Sequence[Feeds], tolerance: Tolerance):
+        self.backend = backend
+        self.candidates = tuple(candidates)
+        self.feeds_list, self.golden, self.tolerance = list(feeds_list), list(golden), tolerance
+        self.enabled = bool(getattr(backend, "screens_items", False)) and all(
+            tolerance.stat.get(name) == "elemwise" for gold in golden for name in gold)
+        self.target: tuple[int, int] | None = None  # (input set, item or WHOLE) of the last failure
+        self._parts: dict[tuple[int, int], tuple[Feeds, Feeds] | None] = {}
+        self._confirmed = False  # the first failure found on an item was judged on the whole batch too
+        self.screened = 0  # plans failed on one item (for the report)
+        self.seconds = 0.0  # spent on screens that passed (each such plan then runs whole)
+
+    def judge(self, plan: Plan, whole: Callable[[], Verdict]) -> Verdict:
+        part = self._part(*self.target) if self.enabled and self.target is not None else None
+        spent: dict[str, float] = {}
+        if part is not None:
+            item = judge(self.backend, plan, [part[0]], [part[1]], self.tolerance)
+            spent = item.seconds
+            if not item.passed:
+                s, i = self.target
+                item.worst_set, item.screened = s, (s, i)
+                if self._confirmed or i == WHOLE:
+                    self.screened += 1
+                    return item
+                self._confirmed = True
+                full = whole()
+                if full.passed or not full.excess >= item.excess:
+                    self.enabled = False
+                    log.warning("a plan failed on item %d of input set %d but %s on the whole batch: judging "
+                                "whole batches from now on", i, s, "passed" if full.passed else "less")
+                self._learn(full)
+                return _plus(full, spent)
+            self.seconds += sum(spent.values())
+        verdict = whole()
+        self._learn(verdict)
+        return _plus(verdict, spent)
+
+    def _learn(self, verdict: Verdict) -> None:
+        """Where a full failing verdict failed worst: its input set, and the item of its worst element."""
+        if verdict.passed or not self.enabled or verdict.screened is not None:
+            return
+        s = verdict.worst_set
+        worst = max(verdict.outputs.values(), key=lambda r: r.excess, default=None)
+        gold = self.golden[s].get(worst.name) if worst is not None else None
+        item = WHOLE
+        if worst is not None and worst.worst_index is not None and gold is not None and np.ndim(gold) >= 1:
+            item = int(np.unravel_index(worst.worst_index, np.shape(gold))[0])
+        if self._batch(s) is None:
+            item = WHOLE
+        if item == WHOLE and len(self.feeds_list) < 2:
+            return  # one unbatched set: nothing smaller to judge first
+        if self.target != (s, item) and self.target is not None:
+            self._drop(self.target)
+        self.target = (s, item)
+
+    def _batch(self, s: int) -> int | None:
+        """B where every input and every golden output of set `s` leads with the same B >= 2, else None."""
+        arrays = [*self.feeds_list[s].values(), *self.golden[s].values()]
+        lead = {np.shape(a)[0] if np.ndim(a) else 0 for a in arrays}
+        b = lead.pop() if len(lead) == 1 else 0
+        return b if b >= 2 else None
+
+    def _part(self, s: int, i: int) -> tuple[Feeds, Feeds] | None:
+        """The feeds and golden outputs to judge first, or None where this item cannot stand for the batch."""
+        if i == WHOLE:
+            return self.feeds_list[s], self.golden[s]
+        if (s, i) not in self._parts:
+            feeds, gold = self.feeds_list[s], self.golden[s]
+            part = ({k: np.ascontiguousarray(np.asarray(v)[i:i + 1]) for k, v in feeds.items()},
+                    {k: np.asarray(g)[i:i + 1] for k, g in gold.items()})
+            self._parts[(s, i)] = part if self._stands_for(feeds, part[0], list(gold), i) else None
+        return self._parts[(s, i)]
+
+    def _stands_for(self, feeds: Mapping[str, np.ndarray], one: Feeds, names: list[str], i: int) -> bool:
+        """The FP32 plan on item `i` alone gives the batch's FP32 outputs at `i`, bit for bit."""
+        fp32 = Plan(frozenset(self.candidates), self.candidates)
+        try:
+            mine = self.backend.run(fp32, one, names)
+            whole = self.backend.run(fp32, feeds, names)  # the batch's FP32 reference: known already
+        except Exception:  # noqa: BLE001 - a model that cannot run on one item is judged whole
+            log.debug("screening: the model does not run on one item of its batch", exc_info=True)
+            self._forget(one)
+            return False
+        for k in names:
+            a, w = np.asarray(mine[k]), np.asarray(whole[k])
+            if a.shape != (1, *w.shape[1:]) or a.dtype != w.dtype or a.tobytes() != w[i:i + 1].tobytes():
+                log.debug("screening: output %r of item %d alone differs from the batch's; judging whole", k, i)
+                self._forget(one)
+                return False
+        return True
+
+    def _drop(self, target: tuple[int, int]) -> None:
+        part = self._parts.pop(target, None)
+        if part is not None:
+            self._forget(part[0])
+
+    def _forget(self, feeds: Feeds) -> None:
+        forget = getattr(self.backend, "forget", None)  # the item's FP32 reference: asked no more
+        if callable(forget):
+            forget(feeds)
+
+
+def _plus(verdict: Verdict, seconds: Mapping[str, float]) -> Verdict:
+    """The verdict with the screen's run and comparison counted in its own (the report's timings)."""
+    if seconds:
+        verdict.seconds = {k: verdict.seconds.get(k, 0.0) + seconds.get(k, 0.0) for k in {*verdict.seconds, *seconds}}
+    return verdict
