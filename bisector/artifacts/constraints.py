@@ -19,6 +19,8 @@ class Evaluations(BaseModel):
     cached: int = Field(description="answered from the journal of an earlier run")
     emulator_runs: int = Field(0, description="single-node CPU emulator runs of the predicted ranking of a diffuse "
                                "search (not evaluations: no plan judged, no engine built)")
+    screened: int = Field(0, description="new evaluations that failed on the batch item(s) judged first, without "
+                          "running the whole batch (their verdict is the batch's; bisector.search.screen)")
 
 
 class Golden(BaseModel):

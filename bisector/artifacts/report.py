@@ -28,7 +28,8 @@ def render_report(catalog: Catalog, c: Constraints, strings: dict, extra: str = 
         f"- Strategy: {code(c.strategy)}; evaluations: {c.evaluations.total} ({c.evaluations.new} new, "
         f"{c.evaluations.cached} from the journal)"
         + (f"; {c.evaluations.emulator_runs} single-node emulator runs for the predicted ranking"
-           if c.evaluations.emulator_runs else ""),
+           if c.evaluations.emulator_runs else "")
+        + (f"; {c.evaluations.screened} failed on the batch item(s) judged first" if c.evaluations.screened else ""),
         f"- Golden outputs: {text(c.golden.source)}; inputs: {text(c.inputs.get('source'))} ({c.inputs.get('sets')} set(s))",
         f"- Tolerances: {code(c.tolerances)}",
         f"- Model sha256: `{c.model_sha256}`",

@@ -127,7 +127,8 @@ def run_search(
         stop_reason=stop_reason,
         seconds=time.perf_counter() - t0,
         evaluations={"total": oracle.total, "new": oracle.new, "cached": oracle.cached,
-                     "emulator_runs": int(ranking.get("runs", 0))},
+                     "emulator_runs": int(ranking.get("runs", 0)),
+                     "screened": oracle.screen.screened if oracle.screen is not None else 0},
         rounds=oracle.rounds,
         workers=oracle.workers,
     )
@@ -148,8 +149,13 @@ def removable(oracle: Oracle, answer: frozenset[str], judge_missing: bool = True
 
 
 def _known_excess(oracle: Oracle, fp32) -> float | None:
-    """The excess of a set the oracle has judged (None when it has not: a hint never costs an evaluation)."""
+    """The excess of a set the oracle has judged (None when it has not: a hint never costs an evaluation). A
+    verdict that failed on a few batch items (bisector.search.screen) holds their excess, a lower bound: the
+    set is judged on the whole batch for the hint (one run, not an evaluation), so that a strategy calibrating
+    on it searches as it would have judging whole batches."""
     verdict = oracle.verdicts.get(frozenset(fp32))
+    if verdict is not None and verdict.screened is not None:
+        verdict = oracle.whole(frozenset(fp32))
     return None if verdict is None else verdict.excess
 
 

@@ -26,9 +26,10 @@ class Verdict:
     worst_set: int
     seconds: dict[str, float] = field(default_factory=dict)
     source: str = "new"  # new | journal
-    # (input set, item) when a failing verdict was judged on that one batch item alone (`search.screen`): the
-    # verdict is the batch's, its comparisons the item's (their excess a lower bound of the batch's); None: all
-    screened: tuple[int, int] | None = None
+    # (input set, first item, items) when a failing verdict was judged on those batch items alone
+    # (`search.screen`; items 0: the one input set, unbatched): the verdict is the whole job's, its comparisons
+    # those of the items (their excess a lower bound of the whole's); None: judged on everything
+    screened: tuple[int, int, int] | None = None
 
     @property
     def excess(self) -> float:
@@ -49,7 +50,7 @@ class Verdict:
         outputs = {k: OutputComparison.from_json(k, o) for k, o in d["outputs"].items()}
         screened = d.get("screened")
         return cls(frozenset(d["fp32"]), bool(d["passed"]), outputs, int(d["worst_set"]), dict(d.get("seconds", {})),
-                   screened=(int(screened[0]), int(screened[1])) if screened else None)
+                   screened=tuple(int(x) for x in screened) if screened else None)  # type: ignore[arg-type]
 
 
 @dataclass

@@ -135,6 +135,33 @@ class Oracle:
         self.verdicts[fp32] = fresh
         return fresh
 
+    def whole(self, fp32: frozenset[str]) -> Verdict:
+        """The verdict of a set already judged, judged on every input item where it failed on one item alone
+        (`Verdict.screened`): its comparisons and excess are then the whole job's. The memo, the history and the
+        journal keep the whole verdict; not an evaluation (the plan was counted when it was first judged)."""
+        fp32 = frozenset(fp32)
+        known = self.verdicts[fp32]
+        if known.screened is None:
+            return known
+        plan = Plan(fp32, self.candidates)
+        full = self._judge(plan)
+        full.seconds = {k: full.seconds.get(k, 0.0) + known.seconds.get(k, 0.0)
+                        for k in {*full.seconds, *known.seconds}}
+        if full.passed != known.passed:  # the screen's own check makes this a backend that is not deterministic
+            import logging
+
+            logging.getLogger("bisector").warning("a plan that failed on batch items %s passed on the whole batch: "
+                                                  "judging whole batches from now on", known.screened)
+            if self.screen is not None:
+                self.screen.enabled = False
+        if self.screen is not None:
+            self.screen.screened -= 1
+        if self.journal is not None:
+            self.journal.record(plan, full)
+        self.verdicts[fp32] = full
+        self.history[:] = [full if v is known else v for v in self.history]  # in place: callers may hold it
+        return full
+
     def _judge(self, plan: Plan) -> Verdict:
         return judge(self.backend, plan, self.feeds_list, self.golden, self.tolerance)
 

@@ -37,6 +37,7 @@ from bisector.search.judge import Verdict, judge
 log = logging.getLogger("bisector")
 
 WHOLE = -1  # the item index of a screen that runs a whole (unbatched) input set
+SIZES = (1, 2)  # items judged first: one, else two (ORT's MatMul on one row can take another kernel: not bit-exact)
 
 
 class Screen:
@@ -50,7 +51,7 @@ class Screen:
         self.enabled = bool(getattr(backend, "screens_items", False)) and all(
             tolerance.stat.get(name) == "elemwise" for gold in golden for name in gold)
         self.target: tuple[int, int] | None = None  # (input set, item or WHOLE) of the last failure
-        self._parts: dict[tuple[int, int], tuple[Feeds, Feeds] | None] = {}
+        self._parts: dict[tuple[int, int], tuple[Feeds, Feeds, tuple[int, int, int]] | None] = {}
         self._confirmed = False  # the first failure found on an item was judged on the whole batch too
         self.screened = 0  # plans failed on one item (for the report)
         self.seconds = 0.0  # spent on screens that passed (each such plan then runs whole)
@@ -63,7 +64,7 @@ class Screen:
             spent = item.seconds
             if not item.passed:
                 s, i = self.target
-                item.worst_set, item.screened = s, (s, i)
+                item.worst_set, item.screened = s, part[2]
                 if self._confirmed or i == WHOLE:
                     self.screened += 1
                     return item
@@ -105,39 +106,48 @@ class Screen:
         b = lead.pop() if len(lead) == 1 else 0
         return b if b >= 2 else None
 
-    def _part(self, s: int, i: int) -> tuple[Feeds, Feeds] | None:
-        """The feeds and golden outputs to judge first, or None where this item cannot stand for the batch."""
+    def _part(self, s: int, i: int) -> tuple[Feeds, Feeds, tuple[int, int, int]] | None:
+        """The feeds, golden outputs and (set, first item, items) to judge first (items 0: the whole set), or None
+        where no slice around item `i` stands for the batch."""
         if i == WHOLE:
-            return self.feeds_list[s], self.golden[s]
+            return self.feeds_list[s], self.golden[s], (s, 0, 0)
         if (s, i) not in self._parts:
+            self._parts[(s, i)] = None
             feeds, gold = self.feeds_list[s], self.golden[s]
-            part = ({k: np.ascontiguousarray(np.asarray(v)[i:i + 1]) for k, v in feeds.items()},
-                    {k: np.asarray(g)[i:i + 1] for k, g in gold.items()})
-            self._parts[(s, i)] = part if self._stands_for(feeds, part[0], list(gold), i) else None
+            b = self._batch(s) or 0
+            for m in SIZES:
+                if m >= b:
+                    break
+                lo = min(i, b - m)
+                one = {k: np.ascontiguousarray(np.asarray(v)[lo:lo + m]) for k, v in feeds.items()}
+                if self._stands_for(feeds, one, list(gold), lo, m):
+                    self._parts[(s, i)] = (one, {k: np.asarray(g)[lo:lo + m] for k, g in gold.items()}, (s, lo, m))
+                    break
         return self._parts[(s, i)]
 
-    def _stands_for(self, feeds: Mapping[str, np.ndarray], one: Feeds, names: list[str], i: int) -> bool:
-        """The FP32 plan on item `i` alone gives the batch's FP32 outputs at `i`, bit for bit."""
+    def _stands_for(self, feeds: Mapping[str, np.ndarray], one: Feeds, names: list[str], lo: int, m: int) -> bool:
+        """The FP32 plan on items lo..lo+m alone gives the batch's FP32 outputs there, bit for bit."""
         fp32 = Plan(frozenset(self.candidates), self.candidates)
         try:
             mine = self.backend.run(fp32, one, names)
             whole = self.backend.run(fp32, feeds, names)  # the batch's FP32 reference: known already
-        except Exception:  # noqa: BLE001 - a model that cannot run on one item is judged whole
-            log.debug("screening: the model does not run on one item of its batch", exc_info=True)
+        except Exception:  # noqa: BLE001 - a model that cannot run on fewer items is judged whole
+            log.debug("screening: the model does not run on %d item(s) of its batch", m, exc_info=True)
             self._forget(one)
             return False
         for k in names:
             a, w = np.asarray(mine[k]), np.asarray(whole[k])
-            if a.shape != (1, *w.shape[1:]) or a.dtype != w.dtype or a.tobytes() != w[i:i + 1].tobytes():
-                log.debug("screening: output %r of item %d alone differs from the batch's; judging whole", k, i)
+            if a.shape != (m, *w.shape[1:]) or a.dtype != w.dtype or a.tobytes() != w[lo:lo + m].tobytes():
+                log.debug("screening: output %r of items %d..%d alone differs from the batch's", k, lo, lo + m - 1)
                 self._forget(one)
                 return False
         return True
 
     def _drop(self, target: tuple[int, int]) -> None:
-        part = self._parts.pop(target, None)
-        if part is not None:
-            self._forget(part[0])
+        """The item screened so far is no longer the target: its feeds and FP32 reference go (an item found
+        not to stand for its batch stays known as such)."""
+        if self._parts.get(target) is not None:
+            self._forget(self._parts.pop(target)[0])  # type: ignore[index]
 
     def _forget(self, feeds: Feeds) -> None:
         forget = getattr(self.backend, "forget", None)  # the item's FP32 reference: asked no more
