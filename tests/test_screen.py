@@ -247,3 +247,17 @@ def test_a_strategy_asking_a_screened_sets_excess_gets_the_whole_batchs():
         assert oracle.verdicts[v.fp32].screened is None and journal[v.fp32].screened is None
     assert oracle.new == new and oracle.screen.screened == count - len(marked)
     assert all(v.screened is None for v in oracle.history) and len(oracle.history) == len(whole)
+
+
+@pytest.mark.parametrize("hits, enabled", [(8, True), (7, False), (12, True), (0, False)])
+def test_screening_stops_where_the_failures_spread_over_the_items(hits, enabled):
+    """After 12 failing plans screened, screening goes on only while at least 60% failed on their screen: a
+    screen that passes before a failing batch is a run for nothing."""
+    from bisector.search.screen import MIN_OUTCOMES, Screen
+
+    cat, feeds, golden = _job(_model())
+    screen = Screen(Counting(), cat.candidates, feeds, golden, _tolerance())
+    assert screen.enabled
+    for k in range(MIN_OUTCOMES):
+        screen._count(hit=k < hits)
+    assert screen.enabled is enabled
