@@ -164,6 +164,9 @@ def test_several_unbatched_input_sets_judge_the_last_failing_set_first():
     screened, _, _ = _verdicts(cat, feeds, golden, tol, screen=True)
     assert [v.passed for v in screened] == [v.passed for v in whole]
     assert any(v.screened is not None and v.screened[2] == 0 for v in screened)
+    for a, b in zip(screened, whole):  # where the screen passed, the other sets were judged: the verdict is whole
+        if a.screened is None:
+            assert (a.worst_set, a.excess, a.failing) == (b.worst_set, b.excess, b.failing)
 
 
 def test_a_screened_verdict_keeps_its_mark_in_the_journal():
