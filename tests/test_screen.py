@@ -264,3 +264,24 @@ def test_screening_stops_where_the_failures_spread_over_the_items(hits, enabled)
     for k in range(MIN_OUTCOMES):
         screen._count(hit=k < hits)
     assert screen.enabled is enabled
+
+
+def test_runs_on_a_part_of_the_batch_decide_thread_pools_as_the_batch_would():
+    """A block session first run by a screen (one or two items of six) decides its intra-op pool from that run's
+    time: the screen's runs tell the executor they are B/m times shorter than the batch's
+    (`EmulateBackend.part_of_the_batch`), and the scale is back to 1 after them."""
+    scales = []
+
+    class Watching(Counting):
+        def run(self, plan, feeds, outputs=None):
+            if plan.fp32 != frozenset(plan.candidates):
+                scales.append((int(np.shape(feeds["x"])[0]), self.executor.run_scale))
+            return super().run(plan, feeds, outputs)
+
+    cat, feeds, golden = _job(_model())
+    backend = Watching()
+    screened, _, _ = _verdicts(cat, feeds, golden, _tolerance(), screen=True, backend=backend)
+    assert any(v.screened for v in screened)
+    assert {s for n, s in scales if n == B} == {1.0}
+    assert {s for n, s in scales if n < B} == {B / 2}  # two items judged first (one MatMul row is not exact)
+    assert backend.executor.run_scale == 1.0

@@ -29,6 +29,7 @@ With several input sets, the set of the last failure is judged first in the same
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any, Callable, Mapping, Sequence
 
@@ -70,7 +71,8 @@ class Screen:
         part = self._part(*self.target) if self.enabled and self.target is not None else None
         spent: dict[str, float] = {}
         if part is not None:
-            item = judge(self.backend, plan, [part[0]], [part[1]], self.tolerance)
+            with _part_of_the_batch(self.backend, self._scale(part)):
+                item = judge(self.backend, plan, [part[0]], [part[1]], self.tolerance)
             spent = item.seconds
             if not item.passed:
                 s, i = self.target
@@ -114,6 +116,11 @@ class Screen:
         return Verdict(plan.fp32, other.passed, worse.outputs, worse.worst_set,
                        {k: first.seconds.get(k, 0.0) + other.seconds.get(k, 0.0)
                         for k in {*first.seconds, *other.seconds}})
+
+    def _scale(self, part: tuple[Feeds, Feeds, tuple[int, int, int]]) -> float:
+        """How many times the batch the part's items are (1 for a whole input set)."""
+        s, _, m = part[2]
+        return (self._batch(s) or m) / m if m else 1.0
 
     def _count(self, hit: bool) -> None:
         if hit:
@@ -200,6 +207,13 @@ class Screen:
         forget = getattr(self.backend, "forget", None)  # the item's FP32 reference: asked no more
         if callable(forget):
             forget(feeds)
+
+
+def _part_of_the_batch(backend: Any, scale: float):
+    """The backend's `part_of_the_batch(scale)` (emulate: sessions first run on a part decide their thread pool as
+    the batch's run would), or nothing."""
+    hint = getattr(backend, "part_of_the_batch", None)
+    return hint(scale) if callable(hint) and scale > 1 else contextlib.nullcontext()
 
 
 def _plus(verdict: Verdict, seconds: Mapping[str, float]) -> Verdict:

@@ -72,6 +72,19 @@ class EmulateBackend:
         return {**self.executor._converted, **self.executor._halves}
 
     @contextlib.contextmanager
+    def part_of_the_batch(self, scale: float) -> Iterator[None]:
+        """Runs inside this block take 1/`scale` of the batch (bisector.search.screen's items, the predicted
+        ranking's sample): a block session built by one of them gets its intra-op pool as if the whole batch had
+        run (a session first run on one item of eight was left single-threaded, and the batch's later runs of it
+        took up to twice as long on 2 cores). Same results: ORT's kernels give them at any thread count."""
+        executor = self.executor
+        before, executor.run_scale = executor.run_scale, max(1.0, float(scale))
+        try:
+            yield
+        finally:
+            executor.run_scale = before
+
+    @contextlib.contextmanager
     def one_off_plans(self) -> Iterator[None]:
         """Plans run inside this block are not asked again (the predicted ranking's single-node plans): the block
         sessions built for them are freed after their run instead of kept (bisector.search.vector_ranking)."""

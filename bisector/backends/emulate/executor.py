@@ -98,6 +98,9 @@ class NodeExecutor:
         # loading the model and the golden inference took): see `_SHRINK`
         self._shrink_above = _peak_rss_bytes() * SHRINK_ABOVE
         self._shrink_from = _shrink_from_bytes()  # read once: the check runs before every block run
+        # Runs on a part of the batch (a screen's item, the ranking's sample) take this many times less time than
+        # the batch would: a session's first run there decides its pool as the batch's run would (`_run`)
+        self.run_scale = 1.0
         self.sessions_built = 0
         self.build_seconds = 0.0  # time spent building sessions (a one-time cost per node variant and block)
 
@@ -443,7 +446,7 @@ class NodeExecutor:
         out = sess.run(outputs, feed, options)
         sess._bisector_pooled = None  # type: ignore[attr-defined]
         cache = self._cache(key)
-        if time.perf_counter() - t0 >= POOL_FROM_SECONDS and cache.get(key) is sess:
+        if (time.perf_counter() - t0) * self.run_scale >= POOL_FROM_SECONDS and cache.get(key) is sess:
             cache[key] = pooled()
         return out
 
