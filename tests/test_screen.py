@@ -285,3 +285,14 @@ def test_runs_on_a_part_of_the_batch_decide_thread_pools_as_the_batch_would():
     assert {s for n, s in scales if n == B} == {1.0}
     assert {s for n, s in scales if n < B} == {B / 2}  # two items judged first (one MatMul row is not exact)
     assert backend.executor.run_scale == 1.0
+
+
+def test_the_progress_line_says_where_a_screened_plan_failed():
+    from types import SimpleNamespace
+
+    from bisector.cli.progress import _screened
+
+    assert _screened(SimpleNamespace(screened=(0, 2, 1))) == " (on item 2)"
+    assert _screened(SimpleNamespace(screened=(0, 6, 2))) == " (on items 6-7)"
+    assert _screened(SimpleNamespace(screened=(1, 0, 0))) == " (on input set 1)"
+    assert _screened(SimpleNamespace(screened=None)) == "" == _screened(SimpleNamespace())

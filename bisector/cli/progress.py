@@ -115,7 +115,8 @@ class SearchProgress:
         elif not self.live:
             self._line(
                 f"eval {self.evaluations}{' (journal)' if getattr(verdict, 'source', 'new') == 'journal' else ''}: "
-                f"{self.last_size} FP32 -> {'pass' if verdict.passed else 'FAIL'} | best {self._best_text()} | "
+                f"{self.last_size} FP32 -> {'pass' if verdict.passed else 'FAIL'}{_screened(verdict)} | "
+                f"best {self._best_text()} | "
                 f"phase {self.phase} | {self.elapsed():.1f}s{self._eta_text()}"
             )
 
@@ -269,3 +270,14 @@ def _is_tty(stream: TextIO) -> bool:
         return bool(stream.isatty())
     except (AttributeError, ValueError):
         return False
+
+
+def _screened(verdict: Any) -> str:
+    """' (on item 2)' for a failure found on the batch item(s) judged first (bisector.search.screen)."""
+    screened = getattr(verdict, "screened", None)
+    if not screened:
+        return ""
+    s, first, items = screened
+    where = "input set" if items == 0 else ("item" if items == 1 else "items")
+    what = f"{s}" if items == 0 else (f"{first}" if items == 1 else f"{first}-{first + items - 1}")
+    return f" (on {where} {what})"
