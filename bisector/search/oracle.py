@@ -153,7 +153,7 @@ class Oracle:
             logging.getLogger("bisector").warning("a plan that failed on batch items %s passed on the whole batch: "
                                                   "judging whole batches from now on", known.screened)
             if self.screen is not None:
-                self.screen.enabled = False
+                self.screen.stop()
         if self.screen is not None:
             self.screen.screened -= 1
         if self.journal is not None:

@@ -22,8 +22,8 @@ When it applies:
 - it pays: where the failures spread over the items, a screen that passes before a failing batch costs a run
   for nothing, so screening stops once fewer than HIT_RATE of the failing plans failed on their screen (after
   MIN_OUTCOMES of them). Measured on six searches at batch 8 (docs/benchmarks.md, "Scale, fourteenth round"):
-  where 62-100% of the failures were caught the searches took 12-34% less time; at 50% (a recogniser at
-  48 x 320, 3e-3: the worst item moved among all eight) 4% more, which the rule now stops early.
+  where 62-100% of the failures were caught the searches took 15-38% less time; at 50% (a recogniser at
+  48 x 320, 3e-3: the worst item moved among all eight) 4% more before this rule, 2% less with it.
 With several input sets, the set of the last failure is judged first in the same way (whole, when not batched).
 """
 
@@ -84,7 +84,7 @@ class Screen:
                 self._confirmed = True
                 full = whole()
                 if full.passed or not full.excess >= item.excess:
-                    self.enabled = False
+                    self.stop()
                     log.warning("a plan failed on item %d of input set %d but %s on the whole batch: judging "
                                 "whole batches from now on", i, s, "passed" if full.passed else "less")
                 self._learn(full)
@@ -129,9 +129,15 @@ class Screen:
             self.misses += 1
         seen = self.hits + self.misses
         if self.enabled and seen >= MIN_OUTCOMES and self.hits < HIT_RATE * seen:
-            self.enabled = False
+            self.stop()
             log.info("screening stops: %d of %d failing plans failed on the batch item judged first (the failures "
                      "spread over the items)", self.hits, seen)
+
+    def stop(self) -> None:
+        """No more screening in this search; the items' feeds and FP32 references go."""
+        self.enabled = False
+        for target in list(self._parts):
+            self._drop(target)
 
     def _learn(self, verdict: Verdict) -> None:
         """Where a full failing verdict failed worst: its input set, and the item of its worst element."""
