@@ -296,3 +296,29 @@ def test_the_progress_line_says_where_a_screened_plan_failed():
     assert _screened(SimpleNamespace(screened=(0, 6, 2))) == " (on items 6-7)"
     assert _screened(SimpleNamespace(screened=(1, 0, 0))) == " (on input set 1)"
     assert _screened(SimpleNamespace(screened=None)) == "" == _screened(SimpleNamespace())
+
+
+def test_a_model_that_fixes_its_batch_is_judged_whole_without_noise(capfd):
+    """A Reshape to a fixed batch: runs on fewer items fail. Each part size is tried once per input set, no ORT
+    error reaches the terminal, and the verdicts are those of whole batches."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array((rng.standard_normal((D, D)) / 7).astype(np.float32), f"w{i}") for i in range(2)]
+    inits += [numpy_helper.from_array(np.array([B, 2, D // 2], np.int64), "shp"),
+              numpy_helper.from_array(np.array([B, D], np.int64), "shp2")]
+    nodes = [helper.make_node("MatMul", ["x", "w0"], ["h0"], name="mm0"),
+             helper.make_node("Reshape", ["h0", "shp"], ["r"], name="fixed_batch"),
+             helper.make_node("Relu", ["r"], ["rr"], name="relu"),
+             helper.make_node("Reshape", ["rr", "shp2"], ["r2"], name="back"),
+             helper.make_node("MatMul", ["r2", "w1"], ["y"], name="mm1")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", D])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", D])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    cat, feeds, golden = _job(model)
+    tol = Tolerance(atol=PerOutput(1e-4), rtol=PerOutput(1e-4))
+    whole, _, _ = _verdicts(cat, feeds, golden, tol, screen=False)
+    capfd.readouterr()
+    screened, sb, oracle = _verdicts(cat, feeds, golden, tol, screen=True)
+    assert [v.passed for v in screened] == [v.passed for v in whole] and any(not v.passed for v in whole)
+    assert all(v.screened is None for v in screened)
+    assert sorted(oracle.screen._cannot) == sorted((id(feeds[0]), m) for m in (1, 2))
+    assert "onnxruntime" not in capfd.readouterr().err

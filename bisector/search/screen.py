@@ -66,6 +66,7 @@ class Screen:
         self.seconds = 0.0  # spent on screens that passed (each such plan then runs whole)
         self.hits = self.misses = 0  # failing plans whose screen failed / passed
         self._recent: list[tuple[int, int]] = []  # targets, oldest first: their parts are kept (KEEP_PARTS)
+        self._cannot: set[tuple[int, int]] = set()  # (id of an input set, items) the model failed to run on
 
     def judge(self, plan: Plan, whole: Callable[[], Verdict]) -> Verdict:
         part = self._part(*self.target) if self.enabled and self.target is not None else None
@@ -178,6 +179,8 @@ class Screen:
             for m in SIZES:
                 if m >= b:
                     break
+                if (id(feeds), m) in self._cannot:
+                    continue
                 lo = min(i, b - m)
                 one = {k: np.ascontiguousarray(np.asarray(v)[lo:lo + m]) for k, v in feeds.items()}
                 if self._stands_for(feeds, one, list(gold), lo, m):
@@ -194,6 +197,7 @@ class Screen:
         except Exception:  # noqa: BLE001 - a model that cannot run on fewer items is judged whole
             log.debug("screening: the model does not run on %d item(s) of its batch", m, exc_info=True)
             self._forget(one)
+            self._cannot.add((id(feeds), m))  # nor on any other m items of this set: not tried again
             return False
         for k in names:
             a, w = np.asarray(mine[k]), np.asarray(whole[k])

@@ -110,7 +110,10 @@ class NodeExecutor:
         # hundreds of per-node sessions each keep a thread pool, and spinning pools starve each other.
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        opts.log_severity_level = 3
+        # Fatal only: a kernel's failure reaches the user as our BackendFailure (or UsageError) with ORT's message;
+        # ORT's own ERROR line on stderr said it again, and runs expected to fail (a batch's part probed by a
+        # screen or the ranking's sample, on a model that fixes its batch in a Reshape) printed errors for nothing
+        opts.log_severity_level = 4
         if _shared_arena():
             # Every session allocates from one process-wide arena instead of keeping its own: hundreds of block
             # and node variants each holding an arena as large as their activations was most of a search's peak
