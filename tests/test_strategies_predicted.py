@@ -729,12 +729,14 @@ def _batched_job(tmp_path, batch: int, mix: bool = False, iterations: int = 1):
                     iterations=iterations)
 
 
-def _spy_batches(monkeypatch, backend) -> list[int]:
+def _spy_batches(monkeypatch, backend, scales: list | None = None) -> list[int]:
     seen: list[int] = []
     real = backend.run
 
     def run(plan, feeds, outputs=None):
         seen.append(int(feeds["x"].shape[0]))
+        if scales is not None:
+            scales.append((seen[-1], backend.executor.run_scale))
         return real(plan, feeds, outputs)
 
     monkeypatch.setattr(backend, "run", run)
@@ -746,9 +748,14 @@ def _rank_batched(job, monkeypatch) -> tuple[list[str], list[int], dict]:
     the calibration, and the ranking's stats; every candidate ranked, the sample's references gone after."""
     oracle = job.oracle()
     excess = oracle.evaluate(frozenset()).excess
-    seen = _spy_batches(monkeypatch, job.backend)
+    scales: list = []
+    seen = _spy_batches(monkeypatch, job.backend, scales)
     stats: dict = {}
     rank = predicted_ranking(oracle, [], excess, min_elements=0, stats=stats)
+    # the sample's runs tell the executor how much shorter they are than the batch's (its sessions' thread pools)
+    batch = max(seen)
+    assert {s for n, s in scales[1:] if n < batch} <= {batch / n for n in set(seen) if n < batch}
+    assert job.backend.executor.run_scale == 1.0
     assert sorted(rank) == sorted(oracle.candidates)
     assert len(job.backend._boundaries) + len(job.backend._references) == 1  # the whole batch's only
     return rank, seen, stats

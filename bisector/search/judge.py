@@ -64,6 +64,12 @@ class Judged:
     runtimes: list[float]
 
 
+def summed_seconds(*parts: Mapping[str, float]) -> dict[str, float]:
+    """Verdict timings added key by key (a plan judged in parts: a screen's items, then the rest)."""
+    keys = {k for p in parts for k in p}
+    return {k: sum(p.get(k, 0.0) for p in parts) for k in keys}
+
+
 RunFn = Callable[[Plan, Feeds, list[str]], Mapping[str, np.ndarray]]
 
 

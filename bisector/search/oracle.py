@@ -24,7 +24,7 @@ from bisector.budget import (  # BudgetExhausted is part of the strategy protoco
 )
 from bisector.compare import Tolerance
 from bisector.fp16.plan import Plan
-from bisector.search.judge import Verdict, judge
+from bisector.search.judge import Verdict, judge, summed_seconds
 from bisector.search.screen import Screen
 from bisector.model.polyjson import Feeds
 
@@ -145,8 +145,7 @@ class Oracle:
             return known
         plan = Plan(fp32, self.candidates)
         full = self._judge(plan)
-        full.seconds = {k: full.seconds.get(k, 0.0) + known.seconds.get(k, 0.0)
-                        for k in {*full.seconds, *known.seconds}}
+        full.seconds = summed_seconds(full.seconds, known.seconds)
         if full.passed != known.passed:  # the screen's own check makes this a backend that is not deterministic
             import logging
 

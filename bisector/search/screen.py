@@ -38,7 +38,7 @@ import numpy as np
 from bisector.compare import Tolerance
 from bisector.fp16.plan import Plan
 from bisector.model.polyjson import Feeds
-from bisector.search.judge import Verdict, judge
+from bisector.search.judge import Verdict, judge, summed_seconds
 
 log = logging.getLogger("bisector")
 
@@ -72,7 +72,7 @@ class Screen:
         part = self._part(*self.target) if self.enabled and self.target is not None else None
         spent: dict[str, float] = {}
         if part is not None:
-            with _part_of_the_batch(self.backend, self._scale(part)):
+            with part_of_the_batch(self.backend, self._scale(part)):
                 item = judge(self.backend, plan, [part[0]], [part[1]], self.tolerance)
             spent = item.seconds
             if not item.passed:
@@ -115,8 +115,7 @@ class Screen:
         mine, theirs = (False, first.excess), (not other.passed, other.excess)
         worse = other if theirs > mine or (theirs == mine and other.worst_set < s) else first
         return Verdict(plan.fp32, other.passed, worse.outputs, worse.worst_set,
-                       {k: first.seconds.get(k, 0.0) + other.seconds.get(k, 0.0)
-                        for k in {*first.seconds, *other.seconds}})
+                       summed_seconds(first.seconds, other.seconds))
 
     def _scale(self, part: tuple[Feeds, Feeds, tuple[int, int, int]]) -> float:
         """How many times the batch the part's items are (1 for a whole input set)."""
@@ -219,7 +218,7 @@ class Screen:
             forget(feeds)
 
 
-def _part_of_the_batch(backend: Any, scale: float):
+def part_of_the_batch(backend: Any, scale: float):
     """The backend's `part_of_the_batch(scale)` (emulate: sessions first run on a part decide their thread pool as
     the batch's run would), or nothing."""
     hint = getattr(backend, "part_of_the_batch", None)
@@ -229,5 +228,5 @@ def _part_of_the_batch(backend: Any, scale: float):
 def _plus(verdict: Verdict, seconds: Mapping[str, float]) -> Verdict:
     """The verdict with the screen's run and comparison counted in its own (the report's timings)."""
     if seconds:
-        verdict.seconds = {k: verdict.seconds.get(k, 0.0) + seconds.get(k, 0.0) for k in {*verdict.seconds, *seconds}}
+        verdict.seconds = summed_seconds(verdict.seconds, seconds)
     return verdict

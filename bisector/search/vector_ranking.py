@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from bisector.compare import golden_magnitude
+from bisector.search.screen import part_of_the_batch
 from bisector.budget import BudgetExhausted
 from bisector.fp16.plan import Plan
 
@@ -325,10 +326,8 @@ def _rank(oracle: Any, backend: Any, cands: list[str], first: Sequence[str], exc
     threads = 1 if size * 4 >= SERIAL_FROM_BYTES else None
     one_off = getattr(backend, "one_off_plans", None)  # the single-node plans are not asked again: not kept
     # runs on a sample of the batch: sessions they build decide their thread pool as the batch's run would
-    part = getattr(backend, "part_of_the_batch", None)
     scale = max([_lead(o) / _lead(f) for f, o in zip(feeds_list, oracle.feeds_list) if f is not o] or [1.0])
-    with one_off() if callable(one_off) else contextlib.nullcontext(), \
-            part(scale) if callable(part) and scale > 1 else contextlib.nullcontext():
+    with one_off() if callable(one_off) else contextlib.nullcontext(), part_of_the_batch(backend, scale):
         if size <= k:
             z = np.stack(list(in_order(vector, n, threads, _Counter(on_run, n))))
         else:
