@@ -322,3 +322,31 @@ def test_a_model_that_fixes_its_batch_is_judged_whole_without_noise(capfd):
     assert all(v.screened is None for v in screened)
     assert sorted(oracle.screen._cannot) == sorted((id(feeds[0]), m) for m in (1, 2))
     assert "onnxruntime" not in capfd.readouterr().err
+
+
+def test_a_resumed_search_reads_screened_verdicts_from_the_journal(tmp_path):
+    """Screened failures journaled by a run that was killed come back as failures (pass/fail is the batch's);
+    asking their excess judges them whole then, and this run's count of screened plans stays its own."""
+    from bisector.search.driver import _known_excess
+    from bisector.search.journal import SqliteJournal
+
+    cat, feeds, golden = _job(_model())
+    tol = _tolerance()
+    whole, _, _ = _verdicts(cat, feeds, golden, tol, screen=False)
+    first = SqliteJournal(tmp_path / "j.sqlite", {"k": 1})
+    backend = Counting()
+    backend.open(cat)
+    oracle = Oracle(backend, cat.candidates, feeds, golden, tol, screen=True, journal=first)
+    for v in whole:
+        oracle.evaluate(v.fp32)
+    marked = [v.fp32 for v in oracle.history if v.screened is not None]
+    assert marked
+    again = Oracle(Counting(), cat.candidates, feeds, golden, tol, screen=True,
+                   journal=SqliteJournal(tmp_path / "j.sqlite", {"k": 1}))
+    again.backend.open(cat)
+    for v in whole:
+        assert again.evaluate(v.fp32).passed == v.passed
+    assert again.cached == len(whole) and again.new == 0
+    want = {v.fp32: v.excess for v in whole}
+    assert all(_known_excess(again, s) == want[s] for s in marked)
+    assert again.screen.screened == 0

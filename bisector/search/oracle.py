@@ -153,7 +153,7 @@ class Oracle:
                                                   "judging whole batches from now on", known.screened)
             if self.screen is not None:
                 self.screen.stop()
-        if self.screen is not None:
+        if self.screen is not None and known.source != "journal":  # it counts this run's screened failures
             self.screen.screened -= 1
         if self.journal is not None:
             self.journal.record(plan, full)
