@@ -306,12 +306,12 @@ def _elementwise(absdiff: np.ndarray, g: np.ndarray, atol: float, rtol: float, m
     with np.errstate(all="ignore"):
         for lo, hi in _chunks(flat_a.size):
             ad = flat_a[lo:hi]
-            if scratch is None:
+            s = scratch and scratch.take(hi - lo)
+            if s is None:
                 rd = _relative_chunk(ad, flat_g[lo:hi])
                 bad = ((ad > atol * m) | np.isnan(ad)) & ((rd > rtol * m) | np.isnan(rd))
                 mismatches += int(np.count_nonzero(bad))
             else:
-                s = scratch.take(hi - lo)
                 rd = _relative_chunk(ad, flat_g[lo:hi], s.rel, s)
                 # "> t or NaN" is "not <= t" (NaN compares false): an element fails unless either error is within
                 ok, ok2 = s.mask, s.mask2
@@ -319,7 +319,7 @@ def _elementwise(absdiff: np.ndarray, g: np.ndarray, atol: float, rtol: float, m
                 np.less_equal(rd, rtol * m, out=ok2)
                 np.logical_or(ok, ok2, out=ok)
                 mismatches += (hi - lo) - int(np.count_nonzero(ok))
-            e, at = _excess_at(ad, rd, atol, rtol, scratch and scratch.take(hi - lo))
+            e, at = _excess_at(ad, rd, atol, rtol, s)
             if e > excess or worst is None:
                 excess, worst = max(excess, e), lo + at
             flat_r[lo:hi] = rd

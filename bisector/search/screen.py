@@ -63,7 +63,6 @@ class Screen:
         self._parts: dict[tuple[int, int], tuple[Feeds, Feeds, tuple[int, int, int]] | None] = {}
         self._confirmed = False  # the first failure found on an item was judged on the whole batch too
         self.screened = 0  # plans failed on one item (for the report)
-        self.seconds = 0.0  # spent on screens that passed (each such plan then runs whole)
         self.hits = self.misses = 0  # failing plans whose screen failed / passed
         self._recent: list[tuple[int, int]] = []  # targets, oldest first: their parts are kept (KEEP_PARTS)
         self._cannot: set[tuple[int, int]] = set()  # (id of an input set, items) the model failed to run on
@@ -90,7 +89,6 @@ class Screen:
                                 "whole batches from now on", i, s, "passed" if full.passed else "less")
                 self._learn(full)
                 return _plus(full, spent)
-            self.seconds += sum(spent.values())
             if self.target[1] == WHOLE:  # the other input sets, then the verdict of all of them as `judge` keeps it
                 verdict = self._with_the_others(plan, item, self.target[0])
                 self._learn(verdict)
