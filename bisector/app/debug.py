@@ -405,6 +405,10 @@ def debug_precision(model: str | Path, check: list[str] | None = None, *, passes
                 b = groups[BackendChoice]
                 files.engine_builder = EngineWriter(catalog, b.backend_options(groups[Inputs].input_shapes), precision)
             checker = CommandChecker(files, spec, c, in_process_main)
+            if files.engine_builder is None:  # the check gets the candidate ONNX: its If branches compute FP32
+                from bisector.app.job import warn_unsplit_branches
+
+                warn_unsplit_branches(catalog, dict(catalog.unsplit_branches))
             cache_dir = None if groups[Cache].no_cache else (groups[Cache].cache_dir or _default_cache_dir())
         else:
             from bisector.app.job import build_job
@@ -485,6 +489,7 @@ def _search(model, catalog, job, checker, journal, description, *, check, passes
                "check": sum(v.check_seconds for v in verdicts if v.source == "new"),
                "write": sum(v.seconds.get("write", 0.0) for v in verdicts if v.source == "new"),
                "engine": sum(v.seconds.get("engine", 0.0) for v in verdicts if v.source == "new")}
+    from bisector.app.job import unjudged_branches
     from bisector.artifacts.constraints import DebugConstraints, Evaluations, Golden
 
     constraints = DebugConstraints(
@@ -498,7 +503,10 @@ def _search(model, catalog, job, checker, journal, description, *, check, passes
         stop_reason=result.stop_reason, evaluations=Evaluations(**result.evaluations),
         golden=Golden(source=job.golden.source if job is not None else "check"),
         strategy=f"{strategy}" + (f" ({direction})" if direction else ""), candidates=len(catalog.candidates),
-        pinned=catalog.pinned, timings=timings, check=check_info, headroom=None, worst_input_set=0)
+        pinned=catalog.pinned, timings=timings, check=check_info, headroom=None, worst_input_set=0,
+        unjudged_branches=(unjudged_branches(catalog, job.backend) if job is not None
+                           else {} if check is not None and files.engine_builder is not None
+                           else dict(catalog.unsplit_branches)))
     paths = None
     if output_dir is not None:
         from bisector.artifacts.write import write_artifacts

@@ -68,6 +68,8 @@ def describe(cat, file_nodes: list[tuple[str, str, str]] | None = None) -> dict[
         "model": str(cat.path), "model_sha256": cat.sha256, "opset": cat.opset, "ir_version": cat.model.ir_version,
         "producer": " ".join(p for p in (cat.model.producer_name, cat.model.producer_version) if p) or None,
         "nodes_total": len(nodes), "candidates": list(cat.candidates), "pinned": dict(cat.pinned),
+        # If candidates lowered as one unit: their branches compute FP32 on emulate/ort-cuda (job.warn_unsplit_branches)
+        "unsplit_branches": dict(cat.unsplit_branches),
         "inputs": [io(vi) for vi in graph.input if vi.name not in inits],
         "outputs": [io(vi) for vi in graph.output],
         "op_histogram": histogram, "nodes": nodes,

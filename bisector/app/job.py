@@ -109,7 +109,30 @@ def build_job(model: Path, inputs: Inputs, tolerances: Tolerances, backend: Back
         run_canary(make_backend)
     made = make_backend()
     made.open(catalog)
+    warn_unsplit_branches(catalog, unjudged_branches(catalog, made))
     return Job(catalog, feeds_list, golden, tolerance, made, info, cache_dir)
+
+
+def unjudged_branches(catalog: Catalog, backend: Backend) -> dict[str, int]:
+    """If candidates whose branches this backend computes FP32 in every plan -> their computing nodes."""
+    return {} if getattr(backend, "judges_branches", False) else dict(catalog.unsplit_branches)
+
+
+def warn_unsplit_branches(catalog: Catalog, unsplit: dict[str, int]) -> None:
+    """Say so when FP16 arithmetic inside If branches is not judged: a verdict there holds for the mixed model
+    (branches FP32) but not for a build that runs the branches in FP16 (TensorRT 10 with add_constraints.py)."""
+    if not unsplit:
+        return
+    inside = sum(unsplit.values())
+    share = inside / max(1, inside + len(catalog.candidates) - len(unsplit))
+    from bisector.text import one_line
+
+    names = ", ".join(f"{one_line(n)}'s branches ({k} nodes)" for n, k in list(unsplit.items())[:5])
+    log.warning("FP16 inside If branches is not judged: %s%s compute FP32 in every plan (each If is lowered as one "
+                "unit), %.0f%% of the model's computing nodes. The verdicts hold for model.mixed.onnx (branches FP32), "
+                "not for a TensorRT 10 build with add_constraints.py, which runs those branches in FP16. To judge "
+                "them: --backend tensorrt, or a model without the If (its condition folded into a constant).",
+                names, f" and {len(unsplit) - 5} more If nodes" if len(unsplit) > 5 else "", 100 * share)
 
 
 def feeds_for(catalog: Catalog, inputs: Inputs) -> tuple[list[Feeds], dict[str, Any]]:

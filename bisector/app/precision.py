@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 import onnx
 
 from bisector import __version__
-from bisector.app.job import Job, build_job
+from bisector.app.job import Job, build_job, unjudged_branches
 from bisector.app.options import BackendChoice, Cache, Inputs, Search, Tolerances, split_options
 from bisector.errors import UsageError
 from bisector.files import ensure_dir
@@ -351,7 +351,7 @@ def _constraints(job: Job, model: Path, result: SearchResult, strategy: str, tim
         evaluations=Evaluations(**result.evaluations),
         golden=Golden(source=job.golden.source, reference_runs=job.golden.reference_runs, runner=job.golden.runner),
         strategy=strategy, strategy_options=dict(strategy_options or {}), candidates=len(cat.candidates),
-        pinned=cat.pinned, timings=timings,
+        pinned=cat.pinned, unjudged_branches=unjudged_branches(cat, job.backend), timings=timings,
         outputs={k: v.to_json() for k, v in result.verdict.outputs.items()},
         worst_input_set=result.verdict.worst_set, headroom=_headroom(result.verdict), machine=machine_description(),
     )

@@ -48,6 +48,9 @@ class Constraints(BaseModel):
     strategy_options: dict[str, Any] = Field(default_factory=dict, description="--strategy-option values given")
     candidates: int
     pinned: dict[str, str] = Field(default_factory=dict)
+    unjudged_branches: dict[str, int] = Field(default_factory=dict, description="If candidates whose branches "
+                                              "computed FP32 in every verdict (each If lowered as one unit) -> "
+                                              "their computing nodes: FP16 inside them was not judged")
     timings: dict[str, float] = Field(default_factory=dict)
     outputs: dict[str, Any] = Field(default_factory=dict, description="per-output comparison of the final plan, "
                                     "on its worst input set")

@@ -149,6 +149,13 @@ class TensorRTBackend:
             self.trt = trt_mod
         return self.trt
 
+    @property
+    def judges_branches(self) -> bool:
+        """Does a plan's FP16 If run its branches' layers in FP16? On the weak path TensorRT builds them from the
+        model's own nodes (constrained only when the If is FP32); the strong path builds the mixed model, whose
+        branches compute FP32 as in the emulation."""
+        return self.path == "weak"
+
     # ---- protocol ----------------------------------------------------------------------------------------
     def open(self, catalog: "Catalog") -> None:
         trt_mod = self._ensure_module()

@@ -25,6 +25,7 @@ from bisector.model.graph import (
     weightless_copy,
     copy_without_initializers,
     has_subgraph,
+    inner_nodes,
     node_reads,
     outer_scope_inputs,
     unique_node_names,
@@ -165,6 +166,21 @@ class Catalog:
         return weight_store.materialize_tensor(t, self.weight_arrays)
 
     # ---- views ---------------------------------------------------------------------------------------------
+    @cached_property
+    def unsplit_branches(self) -> dict[str, int]:
+        """Candidate nodes with subgraphs (If) -> how many computing nodes their branches hold. A plan lowers
+        such a node as one unit: its boundary is stored in FP16 while its branches compute FP32 (the emulation,
+        the mixed model and ort-cuda alike), so FP16 arithmetic inside them is judged only by backends that
+        build the branches themselves (TensorRT)."""
+        out: dict[str, int] = {}
+        for name in self.candidates:
+            node = self.nodes[name]
+            if has_subgraph(node):
+                work = sum(1 for n in inner_nodes(node) if n.op_type not in NEVER_CANDIDATES and n.op_type != "Identity")
+                if work:
+                    out[name] = work
+        return out
+
     @cached_property
     def nodes(self) -> dict[str, onnx.NodeProto]:
         return {n.name: n for n in self.model.graph.node}

@@ -139,6 +139,11 @@ def _print(doc: dict[str, Any]) -> None:
         console.print(t)
     else:
         console.print("Pinned nodes: none")
+    if doc.get("unsplit_branches"):
+        console.print("If nodes searched as one unit (their branches compute FP32 on emulate and ort-cuda; FP16 "
+                      "inside them is judged only by --backend tensorrt): "
+                      + ", ".join(f"{api.one_line(n)} ({k} nodes inside)" for n, k in doc["unsplit_branches"].items()),
+                      markup=False, highlight=False, soft_wrap=True)
 
     t = safe_table(title=f"Candidates in topological order ({len(doc['candidates'])})")
     for col, just in (("#", "right"), ("node", "left"), ("op", "left"), ("TensorRT layer", "left"), ("name from", "left")):
