@@ -149,7 +149,11 @@ def registry_cases() -> list[tuple]:
              # tenth round: batches no earlier round measured (the recogniser's search at batch 8 is long: it
              # turns diffuse and ranks, 55 evaluations + 403 single-node runs, ~2 min)
              ("ppocr-rec", "8x48x640", ["--atol", "1e-2", "--rtol", "1e-2"], {"x": (8, 3, 48, 640)}),
-             ("yolov8n", "4x960x960", ["--atol", "1e-1", "--rtol", "1e-2"], {"images": (4, 3, 960, 960)})]
+             ("yolov8n", "4x960x960", ["--atol", "1e-1", "--rtol", "1e-2"], {"images": (4, 3, 960, 960)}),
+             # fifteenth round: two models no round measured; the layout detector turns diffuse at 1e-2 and ranks
+             ("layout-cdla", "800x608", ["--atol", "1e-2", "--rtol", "1e-2"], None),
+             ("orientation", "224", ["--atol", "1e-3", "--rtol", "1e-3"], None),
+             ("orientation", "16x224", ["--atol", "1e-3", "--rtol", "1e-3"], {"x": (16, 3, 224, 224)})]
     out = []
     for name, size, tol, shapes in cases:
         path = reg.fetch(name)

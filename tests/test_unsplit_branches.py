@@ -92,3 +92,16 @@ def test_inspect_lists_the_ifs_searched_as_one_unit(tmp_path, capsys):
     assert main_cli("inspect", IF_BRANCH, "--json", tmp_path / "i.json") == 0
     assert "if_node (3 nodes inside)" in capsys.readouterr().out
     assert json.loads((tmp_path / "i.json").read_text())["unsplit_branches"] == {"if_node": 3}
+
+
+def test_debug_precision_with_a_check_command_says_so_too(tmp_path, capsys, monkeypatch):
+    """The check gets the candidate ONNX, whose If branches compute FP32 (no engine written without TensorRT)."""
+    import sys
+
+    monkeypatch.chdir(tmp_path)
+    code = main_cli("debug", "precision", IF_BRANCH, "--fp16", "-o", tmp_path / "o", "--no-cache",
+                    "--check", sys.executable, "-c", "import sys; sys.exit(0)")
+    out, err = capsys.readouterr()
+    assert code == 0 and "FP16 inside If branches is not judged" in err
+    assert "FP16 inside the branches of 1 If node(s) not judged" in out
+    assert json.loads((tmp_path / "o" / "constraints.json").read_text())["unjudged_branches"] == {"if_node": 3}

@@ -92,5 +92,7 @@ def precision(model: Model, fp16: Fp16 = True, check: CheckFlag = False,
     say(f"FP32 nodes ({len(r.fp32_nodes)}): {' '.join(r.fp32_nodes) if r.fp32_nodes else '(none)'}")
     say(f"{'PASSED' if r.passed else 'FAILED'}; {'1-minimal' if r.minimal else 'not proven minimal'}; "
         f"{c.evaluations.total} evaluations ({c.evaluations.new} new, {c.evaluations.cached} cached); "
-        f"{info['checks_run']} check(s) run in {info['check_seconds']:.2f}s; artifacts in {output_dir}")
+        f"{info['checks_run']} check(s) run in {info['check_seconds']:.2f}s"
+        + (f"; FP16 inside the branches of {len(c.unjudged_branches)} If node(s) not judged (report.md)"
+           if c.unjudged_branches else "") + f"; artifacts in {output_dir}")
     raise typer.Exit(0 if r.passed else 1)
