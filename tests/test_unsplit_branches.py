@@ -7,6 +7,8 @@ of its 268 computing nodes inside one If: without this it read "PASSED, 0 FP32 n
 from __future__ import annotations
 
 import json
+import sys
+import types
 
 import numpy as np
 import onnx
@@ -80,12 +82,35 @@ def test_a_search_says_that_fp16_inside_the_branches_was_not_judged(tmp_path, ca
     assert "FP16 inside the branches of 1 If node(s) not judged" in out
 
 
+def test_the_tensorrt_10_artifacts_keep_an_fp16_if_fp32_with_its_branches(tmp_path, monkeypatch):
+    """The search lowers the If (all-FP16 passes at this tolerance), but no verdict computed its branches in FP16:
+    add_constraints.py and the layer-precision flags keep it FP32 so that the engine is the plan judged."""
+    name = "if odd\tname"
+    model = tmp_path / "if.onnx"
+    onnx.save(if_model([helper.make_node("Mul", ["h", "w"], ["then_out"], name="inner_mul")],
+                       [helper.make_node("Neg", ["h"], ["else_out"], name="inner_neg")], name=name), model)
+    code = main_cli("precision", model, "--fp16", "--atol", "1", "-o", tmp_path / "o", "--cache-dir", tmp_path / "c")
+    assert code == 0
+    c = json.loads((tmp_path / "o" / "constraints.json").read_text())
+    assert c["fp32_nodes"] == [] and c["unjudged_branches"] == {name: 2}
+    strings = json.loads((tmp_path / "o" / "layer_precisions.json").read_text())
+    assert strings["layer_precisions"] == {name: "float32"} and "not judged" in strings["pinned"][name]
+    monkeypatch.setitem(sys.modules, "tensorrt", types.ModuleType("tensorrt"))  # not installed here: the literals only
+    namespace: dict = {}
+    exec((tmp_path / "o" / "add_constraints.py").read_text(), namespace)
+    assert not namespace["FP32_NODES"]
+    assert "not judged" in namespace["PINNED_NODES"][name]
+    assert namespace["SUBGRAPH_OWNERS"] == {"inner_mul": name, "inner_neg": name}  # branch layers follow it
+
+
 def test_a_model_without_if_says_nothing(tmp_path, capsys):
     code = main_cli("precision", FIXTURES / "constructs" / "loop_scan.onnx", "--fp16", "--val-range", "x:[0,1]",
                     "--atol", "1e-2", "-o", tmp_path / "o", "--cache-dir", tmp_path / "c")
     assert code == 0 and "If branches" not in capsys.readouterr().err
     c = json.loads((tmp_path / "o" / "constraints.json").read_text())
     assert c["unjudged_branches"] == {} and "Not judged" not in (tmp_path / "o" / "report.md").read_text()
+    pinned = json.loads((tmp_path / "o" / "layer_precisions.json").read_text())["pinned"]
+    assert set(pinned) == {"loop", "scan"}  # the catalog's own pins, nothing more
 
 
 def test_inspect_lists_the_ifs_searched_as_one_unit(tmp_path, capsys):
@@ -96,8 +121,6 @@ def test_inspect_lists_the_ifs_searched_as_one_unit(tmp_path, capsys):
 
 def test_debug_precision_with_a_check_command_says_so_too(tmp_path, capsys, monkeypatch):
     """The check gets the candidate ONNX, whose If branches compute FP32 (no engine written without TensorRT)."""
-    import sys
-
     monkeypatch.chdir(tmp_path)
     code = main_cli("debug", "precision", IF_BRANCH, "--fp16", "-o", tmp_path / "o", "--no-cache",
                     "--check", sys.executable, "-c", "import sys; sys.exit(0)")

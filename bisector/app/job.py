@@ -129,9 +129,10 @@ def warn_unsplit_branches(catalog: Catalog, unsplit: dict[str, int]) -> None:
 
     names = ", ".join(f"{one_line(n)}'s branches ({k} nodes)" for n, k in list(unsplit.items())[:5])
     log.warning("FP16 inside If branches is not judged: %s%s compute FP32 in every plan (each If is lowered as one "
-                "unit), %.0f%% of the model's computing nodes. The verdicts hold for model.mixed.onnx (branches FP32), "
-                "not for a TensorRT 10 build with add_constraints.py, which runs those branches in FP16. To judge "
-                "them: --backend tensorrt, or a model without the If (its condition folded into a constant).",
+                "unit), %.0f%% of the model's computing nodes. The artifacts build what is judged: model.mixed.onnx keeps "
+                "the branches FP32 and add_constraints.py / the layer-precision flags keep those If nodes FP32. To "
+                "judge FP16 inside them: --backend tensorrt, or a model without the If (its condition folded into a "
+                "constant).",
                 names, f" and {len(unsplit) - 5} more If nodes" if len(unsplit) > 5 else "", 100 * share)
 
 

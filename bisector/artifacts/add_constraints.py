@@ -31,7 +31,8 @@ if TYPE_CHECKING:  # pragma: no cover
 _TEMPLATE = '''\
 """Keep the layers of {count} ONNX node(s) of {model_name} in FP32 in a TensorRT 10 FP16 build (written by bisector {version}).
 
-{count_fp32} node(s) found by the search and {count_pinned} pinned node(s) (never lowered to FP16, so FP32 in the verified plan).
+{count_fp32} node(s) found by the search and {count_pinned} pinned node(s) (never lowered to FP16, so FP32 in the verified plan;
+or If nodes whose branches every verdict computed in FP32: the reason says which).
 
 Use with Polygraphy:
     polygraphy run {model_q} --trt --onnxrt --fp16 --precision-constraints obey --trt-npps add_constraints.py
@@ -50,7 +51,8 @@ import tensorrt as trt
 # The nodes the search keeps in FP32 (constraints.json "fp32_nodes"). Each must match at least one layer.
 FP32_NODES = {fp32}
 
-# Pinned nodes: never lowered to FP16 by the search (node -> reason), so FP32 in the verified plan as well.
+# Pinned nodes: never lowered to FP16 by the search (node -> reason), so FP32 in the verified plan as well; and
+# If nodes whose branches the verdicts computed in FP32 (FP16 inside them was not judged).
 # A pinned node that matches no layer is fine: the parser computed it while parsing (e.g. static shape math).
 PINNED_NODES = {pinned}
 
@@ -141,9 +143,10 @@ def render_add_constraints(fp32_nodes: Sequence[str], model_name: str, node_name
     )
 
 
-def add_constraints_for(catalog: "Catalog", fp32_nodes: Sequence[str]) -> str:
-    """`render_add_constraints` with everything the script needs taken from the catalog."""
-    fp32, pinned = precision_nodes(catalog, fp32_nodes)
+def add_constraints_for(catalog: "Catalog", fp32_nodes: Sequence[str], unjudged: Sequence[str] = ()) -> str:
+    """`render_add_constraints` with everything the script needs taken from the catalog (`unjudged`: If nodes
+    whose branches no verdict computed in FP16, kept FP32 like pinned nodes; `precision_nodes`)."""
+    fp32, pinned = precision_nodes(catalog, fp32_nodes, unjudged)
     return render_add_constraints(fp32, catalog.path.name, catalog.names, pinned=pinned,
                                   subgraph_owners=subgraph_aliases(catalog.model))
 
@@ -213,8 +216,9 @@ def layer_precision_strings(fp32_nodes: Sequence[str],
     }
 
 
-def layer_precision_strings_for(catalog: "Catalog", fp32_nodes: Sequence[str]) -> dict[str, object]:
+def layer_precision_strings_for(catalog: "Catalog", fp32_nodes: Sequence[str],
+                                unjudged: Sequence[str] = ()) -> dict[str, object]:
     """`layer_precision_strings` with the pinned nodes and output types taken from the catalog."""
-    fp32, pinned = precision_nodes(catalog, fp32_nodes)
+    fp32, pinned = precision_nodes(catalog, fp32_nodes, unjudged)
     return layer_precision_strings(fp32, float_outputs=float_output_flags(catalog, fp32 + list(pinned)),
                                    pinned=pinned)

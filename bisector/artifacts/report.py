@@ -35,9 +35,11 @@ def render_report(catalog: Catalog, c: Constraints, strings: dict, extra: str = 
         f"- Model sha256: `{c.model_sha256}`",
         *([f"- **Not judged: FP16 inside If branches.** "
            + ", ".join(f"{code(n)} ({k} nodes inside)" for n, k in c.unjudged_branches.items())
-           + ": each If was lowered as one unit and its branches computed FP32 in every verdict. The result holds "
-           "for `model.mixed.onnx` (its branches stay FP32), not for a TensorRT 10 build with `add_constraints.py`, "
-           "which runs those branches in FP16; `--backend tensorrt` judges them."] if c.unjudged_branches else []),
+           + ": each If was lowered as one unit and its branches computed FP32 in every verdict. So every artifact "
+           "builds what was judged: `model.mixed.onnx` keeps the branches FP32, and `add_constraints.py` and the "
+           "layer-precision flags keep these If nodes FP32, branches included (a plain TensorRT 10 FP16 build "
+           "would run them in FP16, which nothing judged). `--backend tensorrt` judges FP16 inside them."]
+          if c.unjudged_branches else []),
         "",
         "## Nodes to keep in FP32",
         "",

@@ -71,8 +71,10 @@ def write_artifacts(out_dir: Path, catalog: Catalog, constraints: Constraints, e
             f"`bisector convert {Path(constraints.model).name} --fp16 --fp32 <the fp32_nodes of constraints.json> "
             "-o model.mixed.onnx`.\n")
     # every artifact that sets precisions also carries the pinned nodes (FP32 in the verified plan too)
-    strings = layer_precision_strings_for(catalog, fp32)
-    script = add_constraints_for(catalog, fp32)
+    # and the If nodes whose branches computed FP32 in every verdict: a TensorRT 10 build keeps them FP32 too
+    unjudged = sorted(constraints.unjudged_branches)
+    strings = layer_precision_strings_for(catalog, fp32, unjudged)
+    script = add_constraints_for(catalog, fp32, unjudged)
     report = render_report(catalog, constraints, strings, extra_report)
 
     for path, fill in mixed_files:  # external data first, the model that names it last

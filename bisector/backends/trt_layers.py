@@ -221,8 +221,16 @@ def float_output_flags(catalog: "Catalog", nodes: Iterable[str]) -> dict[str, li
     return {n: [catalog.is_float(o) for o in catalog.nodes[n].output if o] for n in nodes if n in catalog.nodes}
 
 
-def precision_nodes(catalog: "Catalog", fp32_nodes: Iterable[str]) -> tuple[list[str], dict[str, str]]:
-    """The searched FP32 nodes (sorted) and the pinned nodes (name -> reason) every precision artifact sets."""
+UNJUDGED_IF = ("If whose branches computed FP32 in every verdict (FP16 inside them was not judged): kept FP32, "
+               "branches included, so that the build is the plan that was judged")
+
+
+def precision_nodes(catalog: "Catalog", fp32_nodes: Iterable[str],
+                    unjudged: Iterable[str] = ()) -> tuple[list[str], dict[str, str]]:
+    """The searched FP32 nodes (sorted) and the pinned nodes (name -> reason) every precision artifact sets.
+    `unjudged`: If nodes whose branches the verdicts computed FP32 (constraints.json `unjudged_branches`); a
+    TensorRT 10 build would otherwise run their branches in FP16, which no verdict covered."""
     fp32 = sorted(set(fp32_nodes))
-    pinned = {n: why for n, why in sorted(catalog.pinned.items()) if n not in fp32}
-    return fp32, pinned
+    pinned = dict(catalog.pinned)
+    pinned.update((n, UNJUDGED_IF) for n in unjudged)
+    return fp32, {n: why for n, why in sorted(pinned.items()) if n not in fp32}
