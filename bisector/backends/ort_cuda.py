@@ -180,7 +180,10 @@ class OrtCudaBackend:
         if level is None:
             raise UsageError(f"ort-cuda: graph_optimization {self.graph_optimization!r}: use disable, basic, extended or all")
         so.graph_optimization_level = getattr(self.ort.GraphOptimizationLevel, level)
-        so.log_severity_level = 4 if strict else 3  # the refused strict attempt is expected; don't print it
+        # Fatal only: a refused strict attempt is expected, and ORT's error lines are noise when it recovers (cuDNN's
+        # frontend logs "No execution plans support the graph" for a Conv and falls back, H100, layout detector);
+        # where it does not, its message reaches the user once, in our exception.
+        so.log_severity_level = 4
         if strict:
             so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
         if profile:

@@ -1,0 +1,78 @@
+"""--confirm-on: when the set found on one backend fails on another, the search that extends it there gets the
+predicted ranking too, restricted to the candidates outside the set and calibrated on the plan that keeps the set
+FP32 (without it a diffuse extension was group testing: 124 nodes in 1091 GPU evaluations where a search from
+scratch found 72 in 550; docs/verification.md)."""
+
+from __future__ import annotations
+
+from bisector.search.driver import RankingOf, _search_from
+
+CANDS = [f"c{i}" for i in range(10)]
+NEEDED = frozenset({"c0", "c5"})
+
+
+class FakeHint:
+    """A predicted_ranking hint: `first` first, then the other candidates from the last to the first."""
+
+    can_rank, exact_backend = True, False
+
+    def __init__(self):
+        self.stats = {"runs": 0}
+        self.calls = []
+
+    def __call__(self, first=(), excess=None):
+        self.calls.append((list(first), excess() if callable(excess) else excess))
+        return list(first) + [c for c in reversed(CANDS) if c not in first]
+
+
+class Oracle:
+    def __init__(self):
+        self.asked = []
+
+    def passes(self, s):
+        self.asked.append(frozenset(s))
+        return NEEDED <= frozenset(s)
+
+
+class Recording:
+    """Asks the ranking once (calibrated by the excess of all its candidates FP16) and returns what passes needs."""
+
+    def __init__(self):
+        self.rankings = []
+
+    def search(self, candidates, passes, predicted_ranking=None, **hints):
+        if predicted_ranking is not None:
+            self.rankings.append((list(candidates), predicted_ranking((), lambda: 0.5 if passes(frozenset()) else 2.0)))
+        else:
+            self.rankings.append((list(candidates), None))
+        return frozenset(c for c in candidates if c in NEEDED)
+
+
+def test_a_failing_start_is_extended_with_the_ranking_of_the_candidates_outside_it():
+    hint, strategy, oracle = FakeHint(), Recording(), Oracle()
+    answer = _search_from(strategy, frozenset({"c0"}), CANDS, oracle, {"predicted_ranking": hint})
+    assert answer == NEEDED
+    (rest, extension), (union, shrink) = strategy.rankings
+    assert "c0" not in rest and extension == [c for c in reversed(CANDS) if c != "c0"]
+    # the hint ranked with the start kept FP32, calibrated on that plan (the extension's empty set is `start`)
+    assert hint.calls[0] == (["c0"], 2.0)
+    assert union == ["c0", "c5"] and shrink == ["c5", "c0"]  # the union, ranked as a search of its own
+
+
+def test_a_start_that_passes_is_shrunk_as_before_without_the_ranking():
+    strategy = Recording()
+    _search_from(strategy, frozenset({"c0", "c5", "c7"}), CANDS, Oracle(), {"predicted_ranking": FakeHint()})
+    assert strategy.rankings == [(["c0", "c5", "c7"], None)]
+
+
+def test_the_restricted_ranking_keeps_what_the_driver_reads():
+    hint = FakeHint()
+    ranked = RankingOf(hint, ["c3", "c1"], kept=frozenset({"c9"}))
+    assert ranked.can_rank and not ranked.exact_backend and ranked.stats is hint.stats
+    assert ranked(["c1"]) == ["c1", "c3"] and hint.calls[-1][0] == ["c9", "c1"]
+
+    class Cannot(FakeHint):
+        def __call__(self, first=(), excess=None):
+            return None
+
+    assert RankingOf(Cannot(), ["c1"])() is None
