@@ -75,6 +75,12 @@ class OrtCudaBackend:
         self.graph_optimization = graph_optimization
         self._forced_providers = list(providers) if providers is not None else None
         self.ort = import_ort(check_cuda=providers is None)
+        # ORT's process-wide logger prints what no session option reaches: cuDNN's frontend logs an error line
+        # for each Conv it then runs another way ("No execution plans support the graph", 22 lines in one search
+        # of a layout detector on an H100) and a warning per session about plugin EPs. Fatal only, as the
+        # sessions: a failure still reaches the user once, as our error with ORT's message in it.
+        if hasattr(self.ort, "set_default_logger_severity"):
+            self.ort.set_default_logger_severity(4)
         self.catalog: Catalog | None = None
         self._sessions: OrderedDict[tuple, Any] = OrderedDict()
         self._device: dict[str, str] | None = None
