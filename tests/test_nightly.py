@@ -88,6 +88,24 @@ def test_verify_passes_fails_and_names_missing_nodes(tmp_path, cache_dir):
     assert r.returncode == 1 and "Sub_renamed" in r.stdout and "no longer exist" in r.stdout
 
 
+def test_a_failure_within_tolerance_says_it_is_the_margin(tmp_path, cache_dir, capsys):
+    """verify judges with the recorded headroom (--margin): a set within the tolerance but above the margin fails,
+    and the line says so instead of printing a needed tolerance below the tolerance next to FAIL."""
+    out = tmp_path / "o"
+    assert main_cli("precision", SEED, *SEED_ARGS, "-o", out, "--cache-dir", cache_dir) == 0
+    excess = 1.0 - json.loads((out / "constraints.json").read_text())["headroom"]
+    assert 0.0 < excess < 1.0
+    capsys.readouterr()
+    margin = f"{excess * 0.9:.3g}"
+    assert main_cli("verify", SEED, "--constraints", out / "constraints.json", "--margin", margin,
+                    "--cache-dir", cache_dir) == 1
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("FAIL y"))
+    assert f"times the margin {float(margin):g}: excess {excess:.3g} > {float(margin):g}" in line
+    assert main_cli("verify", SEED, "--constraints", out / "constraints.json", "--margin", "1",
+                    "--cache-dir", cache_dir) == 0
+    assert "margin" not in next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("pass y"))
+
+
 def test_junit_is_valid_and_marks_the_failing_case(tmp_path, cache_dir):
     out = tmp_path / "o"
     main_cli("precision", SEED, *SEED_ARGS, "-o", out, "--cache-dir", cache_dir)

@@ -33,7 +33,11 @@ def verify(model: Model, constraints: Recorded, check_minimal: CheckMinimal = Fa
     say = human_output(json_out)
     for name, c in r.verdict.outputs.items():
         say(f"{'pass' if c.passed else 'FAIL'} {name}: {c.stat} error needs abs {c.required_abs:.4g} / rel "
-            f"{c.required_rel:.4g} (tolerance abs {c.atol:g} / rel {c.rtol:g})" + (f"; {c.reason}" if c.reason else ""))
+            f"{c.required_rel:.4g} (tolerance abs {c.atol:g} / rel {c.rtol:g}"
+            # with headroom the bar is lower than the tolerance: say so, or a FAIL within tolerance reads as a bug
+            + (f", times the margin {c.margin:g}: excess {c.excess:.3g} > {c.margin:g}" if not c.passed and c.margin < 1
+               and c.excess <= 1 else f"; margin {c.margin:g}" if c.margin < 1 else "")
+            + ")" + (f"; {c.reason}" if c.reason else ""))
     if r.missing_nodes:
         say(f"FAIL: {len(r.missing_nodes)} recorded FP32 node(s) no longer exist in the model (renamed or removed): "
             f"{', '.join(r.missing_nodes)}. Re-run `bisector precision` to refresh constraints.json.")
