@@ -78,7 +78,8 @@ def run_search(
     if not top.passed:
         worst = ", ".join(
             f"{n} ({r.reason})" if r.reason else
-            f"{n} (needs abs {r.required_abs:.3g} / rel {r.required_rel:.3g}; tolerance {r.atol:g}/{r.rtol:g})"
+            f"{n} (needs abs {r.required_abs:.3g} / rel {r.required_rel:.3g}; tolerance {r.atol:g}/{r.rtol:g}"
+            + (f" times --margin {r.margin:g}" if r.margin < 1 else "") + ")"
             for n, r in top.outputs.items() if not r.passed
         )
         raise AccuracyFailure(
