@@ -76,3 +76,23 @@ def test_the_restricted_ranking_keeps_what_the_driver_reads():
             return None
 
     assert RankingOf(Cannot(), ["c1"])() is None
+
+
+def test_the_report_says_when_only_the_emulator_judged(tmp_path):
+    """An emulate result is a proposal at tight tolerances (5 of 14 held on a GPU): report.md says so, and stops
+    saying so once --confirm-on judged the set elsewhere."""
+    import json
+
+    from bisector.artifacts.constraints import Constraints
+    from bisector.artifacts.report import render_report
+    from bisector.model.catalog import Catalog
+
+    from .conftest import PLANTED, main_cli, planted_spec
+
+    out = tmp_path / "o"
+    assert main_cli("precision", PLANTED, "--fp16", *planted_spec()["args"], "-o", out, "--no-cache") == 0
+    assert "Judged on the CPU emulator only" in (out / "report.md").read_text()
+    c = Constraints.read(out / "constraints.json")
+    c.confirmed_on = "ort-cuda"
+    strings = json.loads((out / "layer_precisions.json").read_text())
+    assert "Judged on the CPU emulator only" not in render_report(Catalog.load(PLANTED), c, strings)
