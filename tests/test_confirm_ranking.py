@@ -20,7 +20,7 @@ class FakeHint:
         self.stats = {"runs": 0}
         self.calls = []
 
-    def __call__(self, first=(), excess=None):
+    def __call__(self, first=(), excess=None, memo=None):
         self.calls.append((list(first), excess() if callable(excess) else excess))
         return list(first) + [c for c in reversed(CANDS) if c not in first]
 
@@ -72,7 +72,7 @@ def test_the_restricted_ranking_keeps_what_the_driver_reads():
     assert ranked(["c1"]) == ["c1", "c3"] and hint.calls[-1][0] == ["c9", "c1"]
 
     class Cannot(FakeHint):
-        def __call__(self, first=(), excess=None):
+        def __call__(self, first=(), excess=None, memo=None):
             return None
 
     assert RankingOf(Cannot(), ["c1"])() is None
@@ -96,3 +96,30 @@ def test_the_report_says_when_only_the_emulator_judged(tmp_path):
     c.confirmed_on = "ort-cuda"
     strings = json.loads((out / "layer_precisions.json").read_text())
     assert "Judged on the CPU emulator only" not in render_report(Catalog.load(PLANTED), c, strings)
+
+
+def test_a_second_ranking_with_the_memo_runs_nothing_and_ranks_as_a_fresh_one():
+    """--confirm-on asks the ranking twice (extension, then the union's shrink) with other `first` sets: the error
+    vectors do not depend on them, so the memo's second call runs no emulator and gives the fresh call's ranking."""
+    from bisector.search.vector_ranking import predicted_ranking
+
+    from .test_strategies_predicted import _job
+
+    job = _job()
+    try:
+        oracle = job.oracle()
+        cands = list(oracle.candidates)
+        runs = []
+        real = job.backend.run
+        job.backend.run = lambda *a, **k: runs.append(1) or real(*a, **k)
+        memo: dict = {}
+        first = predicted_ranking(oracle, [], 2.0, min_elements=0, memo=memo)
+        n = len(runs)
+        assert n >= len(cands) and "z" in memo
+        again = predicted_ranking(oracle, cands[:2], 1.5, min_elements=0, memo=memo)
+        assert len(runs) == n  # nothing ran
+        fresh = predicted_ranking(oracle, cands[:2], 1.5, min_elements=0)
+        assert list(again) == list(fresh) and again.model.scale == fresh.model.scale
+        assert list(predicted_ranking(oracle, [], 2.0, min_elements=0, memo=memo)) == list(first)
+    finally:
+        job.close()

@@ -186,11 +186,12 @@ def _search_from(strategy, start: frozenset[str], candidates, oracle: Oracle, hi
             # Without it a diffuse extension is group testing: an emulate set that failed ort-cuda by 13% on a
             # layout detector grew to 124 nodes in 1091 GPU evaluations, where a search from scratch there found
             # 72 in 550 (docs/verification.md, "Fifteenth round").
-            inner["predicted_ranking"] = RankingOf(ranking, rest, kept=start)
+            memo: dict = {}  # the candidates' error vectors, run once for the extension and the shrink
+            inner["predicted_ranking"] = RankingOf(ranking, rest, kept=start, memo=memo)
         extra = frozenset(strategy.search(rest, lambda s: oracle.passes(frozenset(s) | start), **inner))
         start = start | extra
         if callable(ranking):  # the union is searched as a diffuse search of its own (a set that passed as
-            hints["predicted_ranking"] = RankingOf(ranking, within(start))  # found is shrunk as before)
+            hints["predicted_ranking"] = RankingOf(ranking, within(start), memo=memo)  # found is shrunk as before)
     return frozenset(strategy.search(within(start), oracle.passes, **hints))
 
 
@@ -201,15 +202,16 @@ class RankingOf:
     hands over is that plan's, `passes(s | kept)`), restricted to `members`. No model behind it (the shrink's
     predicted order would be calibrated on the wrong plans)."""
 
-    def __init__(self, hint: Any, members: Sequence[str], kept: frozenset[str] = frozenset()):
-        self._hint, self._members, self._kept = hint, list(members), sorted(kept)
+    def __init__(self, hint: Any, members: Sequence[str], kept: frozenset[str] = frozenset(),
+                 memo: dict | None = None):
+        self._hint, self._members, self._kept, self._memo = hint, list(members), sorted(kept), memo
         self.can_rank = getattr(hint, "can_rank", False)
         self.exact_backend = getattr(hint, "exact_backend", False)
         self.stats = getattr(hint, "stats", None)
 
     def __call__(self, first: Sequence[str] = (), excess: Any = None) -> list[str] | None:
         head = self._kept + [n for n in first if n not in self._kept]
-        rank = self._hint(head, excess)
+        rank = self._hint(head, excess, memo=self._memo) if self._memo is not None else self._hint(head, excess)
         if rank is None:
             return None
         members = set(self._members)

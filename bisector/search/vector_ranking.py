@@ -52,8 +52,8 @@ SERIAL_FROM_BYTES = 4 << 20  # float output bytes (all outputs, input sets) from
 
 
 def predicted_ranking(oracle: Any, first: Sequence[str] = (), excess: Any = None, *, top: int = 4096,
-                      min_elements: int | None = None,
-                      stats: dict | None = None, on_run: Callable[[int, int], None] | None = None) -> list[str] | None:
+                      min_elements: int | None = None, stats: dict | None = None,
+                      on_run: Callable[[int, int], None] | None = None, memo: dict | None = None) -> list[str] | None:
     """All candidates of ``oracle``, ``first`` first, then by the greedy order above; None where not supported.
 
     ``excess``: the real excess (error / tolerance) of the plan keeping ``first`` FP32, for the calibration
@@ -61,7 +61,14 @@ def predicted_ranking(oracle: Any, first: Sequence[str] = (), excess: Any = None
     caller that must spend an evaluation on it spends nothing where the answer is None). ``stats`` (optional)
     receives ``runs`` (single-node emulator runs), ``seconds`` and ``predicted_prefix`` (how many nodes the model
     says must be FP32). ``on_run(done, total)`` (optional): called in the caller's thread as the candidates' runs
-    come in (total: the candidates, twice that where the vectors are computed twice)."""
+    come in (total: the candidates, twice that where the vectors are computed twice). ``memo`` (optional): keeps
+    the candidates' error vectors for a later call on the same oracle and inputs, which then runs nothing (they
+    do not depend on ``first``: --confirm-on asks twice, for the extension and the union's shrink)."""
+    if memo is not None and "z" in memo:
+        if callable(excess):
+            excess = excess()
+        return _finish(list(oracle.candidates), memo["z"].copy(), first, excess, oracle.tolerance, None,
+                       [0], time.perf_counter())
     backend = getattr(oracle, "backend", None)
     own = None
     if not _is_emulator(backend):
@@ -71,7 +78,7 @@ def predicted_ranking(oracle: Any, first: Sequence[str] = (), excess: Any = None
         if backend is None:
             return None
     try:
-        return _ranking(oracle, backend, first, excess, top, min_elements, stats, on_run)
+        return _ranking(oracle, backend, first, excess, top, min_elements, stats, on_run, memo)
     finally:
         if own is not None:
             own.close()
@@ -209,8 +216,10 @@ class RankingHint:
         self.exact_backend = _is_emulator(backend) and self.can_rank
         self._progress, self._every, self._clock = progress, every, clock
 
-    def __call__(self, first: Sequence[str] = (), excess: Any = None) -> "Ranking | None":
-        rank = predicted_ranking(self._oracle, list(first), excess, stats=self.stats, on_run=self._on_run())
+    def __call__(self, first: Sequence[str] = (), excess: Any = None, memo: dict | None = None) -> "Ranking | None":
+        """`memo`: see `predicted_ranking` (a caller that will ask again keeps the vectors in it)."""
+        rank = predicted_ranking(self._oracle, list(first), excess, stats=self.stats, on_run=self._on_run(),
+                                 memo=memo)
         if self.stats.get("runs"):
             sample = self.stats.get("batch_sample")
             log.info("predicted ranking: %d single-node emulator runs in %.1f s (not evaluations%s)",
@@ -256,7 +265,8 @@ def _emulator_for(backend: Any) -> Any:
 
 
 def _ranking(oracle: Any, backend: Any, first: Sequence[str], excess: Any, top: int, min_elements: int | None,
-             stats: dict | None, on_run: Callable[[int, int], None] | None = None) -> list[str] | None:
+             stats: dict | None, on_run: Callable[[int, int], None] | None = None,
+             memo: dict | None = None) -> list[str] | None:
     t0 = time.perf_counter()
     cands = list(oracle.candidates)
     n = len(cands)
@@ -273,7 +283,7 @@ def _ranking(oracle: Any, backend: Any, first: Sequence[str], excess: Any, top: 
         sampled = [(_lead(f), _lead(o)) for f, o in zip(feeds_list, oracle.feeds_list) if f is not o]
         stats["batch_sample"] = sampled[0] if sampled else None  # (items ranked, batch) of the first set
     try:
-        return _rank(oracle, backend, cands, first, excess, top, stats, on_run, feeds_list, golden, runs, t0)
+        return _rank(oracle, backend, cands, first, excess, top, stats, on_run, feeds_list, golden, runs, t0, memo)
     finally:
         for feeds, orig in zip(feeds_list, oracle.feeds_list):
             if feeds is not orig:
@@ -282,7 +292,7 @@ def _ranking(oracle: Any, backend: Any, first: Sequence[str], excess: Any, top: 
 
 def _rank(oracle: Any, backend: Any, cands: list[str], first: Sequence[str], excess: Any, top: int,
           stats: dict | None, on_run: Callable[[int, int], None] | None, feeds_list: list, golden: list,
-          runs: list[int], t0: float) -> "Ranking":
+          runs: list[int], t0: float, memo: dict | None = None) -> "Ranking":
     n = len(cands)
     tol = oracle.tolerance
     checks = []  # (input set, output name, golden flat, threshold flat)
@@ -332,6 +342,15 @@ def _rank(oracle: Any, backend: Any, cands: list[str], first: Sequence[str], exc
             z = np.stack(list(in_order(vector, n, threads, _Counter(on_run, n))))
         else:
             z = _at_risk(vector, n, size, k, threads, on_run)
+    if memo is not None:
+        memo["z"] = z.copy()  # `_finish` squares z in place for the model
+    return _finish(cands, z, first, excess, tol, stats, runs, t0)
+
+
+def _finish(cands: list[str], z: np.ndarray, first: Sequence[str], excess: Any, tol: Any, stats: dict | None,
+            runs: list[int], t0: float) -> "Ranking":
+    """The greedy order and the model from the candidates' error vectors `z` (nodes x kept elements)."""
+    everything = frozenset(cands)
     margin = float(tol.margin or 1.0)
     start = excess / margin if isinstance(excess, (int, float)) else None  # units: |z| <= 1 passes
     fp32 = [i for i, x in enumerate(cands) if x in set(first)]
