@@ -123,3 +123,23 @@ def test_a_second_ranking_with_the_memo_runs_nothing_and_ranks_as_a_fresh_one():
         assert list(predicted_ranking(oracle, [], 2.0, min_elements=0, memo=memo)) == list(first)
     finally:
         job.close()
+
+
+def test_the_hint_logs_its_runs_once_when_the_memo_serves_the_second_call(caplog):
+    import logging
+
+    from bisector.search.vector_ranking import RankingHint
+
+    from .test_strategies_predicted import _job
+
+    job = _job()
+    try:
+        hint = RankingHint(job.oracle())
+        memo: dict = {}
+        with caplog.at_level(logging.INFO, logger="bisector"), \
+                __import__("unittest.mock").mock.patch("bisector.search.vector_ranking.MIN_ELEMENTS", 0):
+            hint((), 2.0, memo=memo)
+            hint((), 2.0, memo=memo)
+        assert caplog.text.count("single-node emulator runs") == 1 and "z" in memo
+    finally:
+        job.close()
