@@ -405,10 +405,9 @@ def debug_precision(model: str | Path, check: list[str] | None = None, *, passes
                 b = groups[BackendChoice]
                 files.engine_builder = EngineWriter(catalog, b.backend_options(groups[Inputs].input_shapes), precision)
             checker = CommandChecker(files, spec, c, in_process_main)
-            if files.engine_builder is None:  # the check gets the candidate ONNX: its If branches compute FP32
-                from bisector.app.job import warn_unsplit_branches
+            from bisector.app.job import warn_unsplit_branches
 
-                warn_unsplit_branches(catalog, dict(catalog.unsplit_branches))
+            warn_unsplit_branches(catalog, _unjudged(catalog, None, files))  # build_job says it for the other path
             cache_dir = None if groups[Cache].no_cache else (groups[Cache].cache_dir or _default_cache_dir())
         else:
             from bisector.app.job import build_job
@@ -489,7 +488,6 @@ def _search(model, catalog, job, checker, journal, description, *, check, passes
                "check": sum(v.check_seconds for v in verdicts if v.source == "new"),
                "write": sum(v.seconds.get("write", 0.0) for v in verdicts if v.source == "new"),
                "engine": sum(v.seconds.get("engine", 0.0) for v in verdicts if v.source == "new")}
-    from bisector.app.job import unjudged_branches
     from bisector.artifacts.constraints import DebugConstraints, Evaluations, Golden
 
     constraints = DebugConstraints(
@@ -504,9 +502,7 @@ def _search(model, catalog, job, checker, journal, description, *, check, passes
         golden=Golden(source=job.golden.source if job is not None else "check"),
         strategy=f"{strategy}" + (f" ({direction})" if direction else ""), candidates=len(catalog.candidates),
         pinned=catalog.pinned, timings=timings, check=check_info, headroom=None, worst_input_set=0,
-        unjudged_branches=(unjudged_branches(catalog, job.backend) if job is not None
-                           else {} if check is not None and files.engine_builder is not None
-                           else dict(catalog.unsplit_branches)))
+        unjudged_branches=_unjudged(catalog, job, files if check is not None else None))
     paths = None
     if output_dir is not None:
         from bisector.artifacts.write import write_artifacts
@@ -614,3 +610,14 @@ def _report_section(info: dict) -> str:
     return (f"## Check command\n\n`{cmd}`\n\n{mode}; {info['checks_run']} check(s) run, "
             f"{info['check_seconds']:.2f}s in checks. Verdicts in the order the search asked:\n\n"
             + "\n".join(rows) + "\n")
+
+
+def _unjudged(catalog: Any, job: Any, files: Any) -> dict[str, int]:
+    """If candidates whose branches no verdict computed in FP16: the job's backend decides; a check command gets
+    the candidate ONNX (branches FP32) unless TensorRT writes it an engine from the model's own nodes."""
+    from bisector.app.job import unjudged_branches
+
+    if job is not None:
+        return unjudged_branches(catalog, job.backend)
+    engines = getattr(files, "engine_builder", None)
+    return unjudged_branches(catalog, engines.backend) if engines is not None else dict(catalog.unsplit_branches)
