@@ -201,7 +201,8 @@ def layer_precision_strings(fp32_nodes: Sequence[str],
         notes.append("these flags name each node's first layer only; further layers TensorRT makes from a node "
                      "(`<node>_<k>`, helper layers) are covered by add_constraints.py alone")
     if pins:
-        notes.append(f"{len(pins)} pinned node(s) (never lowered by the search, so FP32 in the verified plan) are "
+        notes.append(f"{len(pins)} pinned node(s) (never lowered by the search, so FP32 in the verified plan; or If "
+                     f"nodes whose branches every verdict computed in FP32: see `pinned` for each reason) are "
                      f"included: {', '.join(repr(n) for n in pins)}")
     return {
         "polygraphy": " ".join(shlex.quote(a) for a in poly_args),
