@@ -143,3 +143,37 @@ def test_the_hint_logs_its_runs_once_when_the_memo_serves_the_second_call(caplog
         assert caplog.text.count("single-node emulator runs") == 1 and "z" in memo
     finally:
         job.close()
+
+
+def test_ort_cudas_process_logger_is_set_only_when_asked(monkeypatch):
+    """ORT's process-wide logger belongs to the process: the backend sets it from BISECTOR_ORT_PROCESS_LOG_SEVERITY
+    (the CLI sets 4 unless --verbose), and leaves an API user's process alone otherwise."""
+    import onnxruntime
+    import pytest
+
+    from bisector.backends.ort_cuda import OrtCudaBackend
+    from bisector.errors import UsageError
+
+    calls = []
+    monkeypatch.setattr(onnxruntime, "set_default_logger_severity", calls.append, raising=False)
+    monkeypatch.delenv("BISECTOR_ORT_PROCESS_LOG_SEVERITY", raising=False)
+    OrtCudaBackend(providers=["CPUExecutionProvider"])
+    assert calls == []
+    monkeypatch.setenv("BISECTOR_ORT_PROCESS_LOG_SEVERITY", "4")
+    OrtCudaBackend(providers=["CPUExecutionProvider"])
+    assert calls == [4]
+    monkeypatch.setenv("BISECTOR_ORT_PROCESS_LOG_SEVERITY", "loud")
+    with pytest.raises(UsageError, match="0 \\(verbose\\) to 4"):
+        OrtCudaBackend(providers=["CPUExecutionProvider"])
+
+
+def test_the_command_line_quiets_ort_unless_verbose(monkeypatch):
+    from bisector.cli.options import setup_logging
+
+    monkeypatch.delenv("BISECTOR_ORT_PROCESS_LOG_SEVERITY", raising=False)
+    setup_logging(True)
+    import os
+
+    assert "BISECTOR_ORT_PROCESS_LOG_SEVERITY" not in os.environ
+    setup_logging(False)
+    assert os.environ["BISECTOR_ORT_PROCESS_LOG_SEVERITY"] == "4"

@@ -77,10 +77,15 @@ class OrtCudaBackend:
         self.ort = import_ort(check_cuda=providers is None)
         # ORT's process-wide logger prints what no session option reaches: cuDNN's frontend logs an error line
         # for each Conv it then runs another way ("No execution plans support the graph", 22 lines in one search
-        # of a layout detector on an H100) and a warning per session about plugin EPs. Fatal only, as the
-        # sessions: a failure still reaches the user once, as our error with ORT's message in it.
-        if hasattr(self.ort, "set_default_logger_severity"):
-            self.ort.set_default_logger_severity(4)
+        # of a layout detector on an H100) and a warning per session about plugin EPs. That logger belongs to the
+        # process: the command line asks for fatal only (a failure still reaches the user once, as our error with
+        # ORT's message in it); a program using the API keeps its own setting unless it sets the variable.
+        severity = os.environ.get(PROCESS_LOG_ENV, "").strip()
+        if severity:
+            if severity not in ("0", "1", "2", "3", "4"):
+                raise UsageError(f"{PROCESS_LOG_ENV}={severity!r}: an ONNX Runtime severity, 0 (verbose) to 4 (fatal)")
+            if hasattr(self.ort, "set_default_logger_severity"):
+                self.ort.set_default_logger_severity(int(severity))
         self.catalog: Catalog | None = None
         self._sessions: OrderedDict[tuple, Any] = OrderedDict()
         self._device: dict[str, str] | None = None
@@ -327,6 +332,7 @@ def _with_outputs(model: onnx.ModelProto, outputs: tuple[str, ...]) -> onnx.Mode
     return model
 
 
+PROCESS_LOG_ENV = "BISECTOR_ORT_PROCESS_LOG_SEVERITY"  # ORT's process-wide logger (the CLI sets 4 unless --verbose)
 OPTIONS_ENV = "BISECTOR_ORT_CUDA_OPTIONS"
 SWITCH_ENV = "BISECTOR_ORT_CUDA_SWITCH"
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+import os
 import sys
 import typing
 from pathlib import Path
@@ -99,6 +100,8 @@ def setup_logging(verbose: bool) -> None:
     """Our log lines on stderr; other libraries (matplotlib, onnx) keep their own, quieter, defaults."""
     logger = logging.getLogger("bisector")
     logger.setLevel(logging.DEBUG if verbose else logging.INFO)
+    if not verbose:  # ORT's process-wide logger (ort-cuda: cuDNN's recovered errors), ours to set in a command
+        os.environ.setdefault("BISECTOR_ORT_PROCESS_LOG_SEVERITY", "4")
     if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
         handler = _StderrHandler()
         handler.setFormatter(logging.Formatter("[bisector] %(levelname)s %(message)s"))
