@@ -218,10 +218,10 @@ class RankingHint:
 
     def __call__(self, first: Sequence[str] = (), excess: Any = None, memo: dict | None = None) -> "Ranking | None":
         """`memo`: see `predicted_ranking` (a caller that will ask again keeps the vectors in it)."""
-        before = self.stats.get("seconds")
+        served = memo is not None and "z" in memo  # the memo's vectors: this call runs nothing
         rank = predicted_ranking(self._oracle, list(first), excess, stats=self.stats, on_run=self._on_run(),
                                  memo=memo)
-        if self.stats.get("runs") and self.stats.get("seconds") != before:  # this call ran them (not the memo)
+        if self.stats.get("runs") and not served:
             sample = self.stats.get("batch_sample")
             log.info("predicted ranking: %d single-node emulator runs in %.1f s (not evaluations%s)",
                      self.stats["runs"], self.stats.get("seconds", 0.0),
