@@ -264,15 +264,15 @@ class Auto(GroupTesting):
                   evaluations: int | None = None, at_least: bool = False, at_most_set: bool = False,
                   at_least_set: bool = False, ranking_runs: int = 0) -> None:
         if diffuse:
-            advice = (
-                "the FP16 error looks diffuse (many nodes each add a little): a smallest FP32 set costs about one "
+            advice = (  # the display says "diffuse" from the flag; the advice does not repeat it
+                "A smallest FP32 set costs about one "
                 "evaluation per node of the answer. Cheaper: loosen the tolerance (--atol/--rtol), use "
                 "`--strategy bisect` (about log2 N evaluations, a contiguous block, not minimal), or cap the "
                 "search with `--max-evals` (the best passing set so far is kept)."
             )
         else:
             advice = (
-                "the FP16 error looks sparse (a few culprits): group testing needs about "
+                "The FP16 error looks sparse (a few culprits): group testing needs about "
                 "1.3·log2 C(N, k) evaluations. To stop earlier: `--max-evals`, or `--strategy bisect`."
             )
         if not diffuse and final and self._estimated:

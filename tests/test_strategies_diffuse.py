@@ -127,6 +127,27 @@ def test_estimate_event_early_and_diffuse_flag():
     assert est and not any(e["diffuse"] for e in est) and est[0]["set_size"] >= 1
 
 
+def test_estimate_lines_say_diffuse_once_and_start_sentences_capitalised():
+    """auto's estimates as the progress display prints them: the display says "diffuse" from the flag, so the
+    advice must not say it again (it did: "...; FP16 error is diffuse (...). the FP16 error looks diffuse (...)")."""
+    import io
+
+    from bisector.cli.progress import SearchProgress
+
+    stream = io.StringIO()
+    display = SearchProgress(200, stream=stream, live=False)
+    cands, w, t = additive_case(200, 1.0, 0.05, 3)
+    Auto().search(cands, CountingOracle(additive(w, t)), progress=lambda e: display(e) if "estimate" in e else None)
+    sparse = SearchProgress(128, stream=stream, live=False)
+    Auto().search(names(128), CountingOracle(monotone(random_culprits(names(128), 2, 1))),
+                  progress=lambda e: sparse(e) if "estimate" in e else None)
+    lines = [ln for ln in stream.getvalue().splitlines() if "estimate:" in ln]
+    assert any("diffuse" in ln for ln in lines) and any("sparse" in ln for ln in lines)
+    for ln in lines:
+        assert ln.count("diffuse") <= 1 and ln.count("sparse") <= 1, ln
+        assert ". the" not in ln, ln  # a sentence after a full stop starts capitalised
+
+
 @pytest.mark.parametrize("workers", [1, 4])
 def test_budget_propagates_in_diffuse_search(workers):
     cands, w, t = additive_case(150, 1.0, 0.1, 2)
