@@ -73,6 +73,15 @@ MODELS = {m.name: m for m in (
                   "2f62c9bfb830a0b417241269fde7ef2d0ad5446c0ed2b8af33b1f6543545e8e2",
                   {"x": (1, 3, 224, 224)},
                   "document orientation classifier (PP-LCNet-style, HardSwish; 115 nodes, 6.8 MB)"),
+    # sixteenth round: a captcha OCR's models, no round tuned on (issue 14's ratios and issue 15's held-out cases)
+    RegistryModel("dddd-rec", "ddddocr==1.6.1", "ddddocr/common.onnx",
+                  "33b5cd351ee94e73a6bf8fa18c415ed8b819b3ffd342e267c30d8ad8334e34e8",
+                  {"input1": (1, 1, 64, 256)},
+                  "ddddocr's text recogniser (CNN with SiLU, one LSTM, 8210-way logits per step; 102 nodes, 54 MB)"),
+    RegistryModel("dddd-det", "ddddocr==1.6.1", "ddddocr/common_det.onnx",
+                  "6faa8ea85a8c1a634e5050c4a138fca10f30194e0d7abbe9ade1fcd423af6ed6",
+                  {"images": (1, 3, 416, 416)},
+                  "ddddocr's text detector (YOLOX-style, SiLU; 279 nodes, 20 MB)"),
 )}
 
 
