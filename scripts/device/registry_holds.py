@@ -18,12 +18,16 @@ from bisector.app.job import open_job
 
 SHAPES = {"magika": ["--input-shapes", "bytes:[1,2048]", "--val-range", "bytes:[0,256]"],
           "ppocr-cls": ["--input-shapes", "x:[1,3,48,192]"], "yolov8n": ["--input-shapes", "images:[1,3,320,320]"],
-          "ppocr-rec": ["--input-shapes", "x:[1,3,48,320]"], "ppocr-det": ["--load-inputs", "{models}/text.npz"]}
+          "ppocr-rec": ["--input-shapes", "x:[1,3,48,320]"], "ppocr-det": ["--load-inputs", "{models}/text.npz"],
+          "dddd-rec": ["--input-shapes", "input1:[1,1,64,256]"], "dddd-det": ["--input-shapes", "images:[1,3,416,416]"]}
 FILES = {"magika": "model.onnx", "ppocr-cls": "ch_ppocr_mobile_v2.0_cls_infer.onnx", "yolov8n": "320n.onnx",
-         "ppocr-rec": "ch_PP-OCRv4_rec_infer.onnx", "ppocr-det": "ch_PP-OCRv4_det_infer.onnx"}
+         "ppocr-rec": "ch_PP-OCRv4_rec_infer.onnx", "ppocr-det": "ch_PP-OCRv4_det_infer.onnx",
+         "dddd-rec": "common.onnx", "dddd-det": "common_det.onnx"}
 CASES = [("magika", "2e-5"), ("magika", "5e-6"), ("ppocr-cls", "1e-4"), ("yolov8n", "3e-3"), ("yolov8n", "1e-3"),
          ("yolov8n", "2e-3"), ("ppocr-rec", "3e-3"), ("ppocr-rec", "2e-3"), ("ppocr-rec", "2.5e-3"),
-         ("ppocr-rec", "4e-3"), ("ppocr-det", "mean 3e-5")]
+         ("ppocr-rec", "4e-3"), ("ppocr-det", "mean 3e-5"),
+         # sixteenth round: ddddocr's models, held out (bench/strategies.py's cases)
+         ("dddd-rec", "6e-3"), ("dddd-rec", "3e-3"), ("dddd-det", "3e-3"), ("dddd-det", "1e-3")]
 
 
 def main() -> None:
