@@ -30,11 +30,13 @@ from bisector.cores import usable_cores
 from bisector.errors import BackendFailure
 from bisector.fp16 import rules
 from bisector.fp16.arithmetic import split_bias_epilogue
+from bisector.fp16.recurrent import split_lstm
 from bisector.fp16.casts import FLOAT, cast, fp16_name, raw_name, round_trip, rounded_name
 from bisector.fp16.points import Read, RoundingPoints
 from bisector.model import weights as weight_store
 from bisector.model.catalog import Catalog
 from bisector.model.graph import has_subgraph, nonempty
+from bisector.model.optable import model_opset
 
 # Tensors of these ONNX element types are what FP16 storage changes.
 _NP_TO_ONNX = {np.dtype(k): v for k, v in {
@@ -351,6 +353,10 @@ class NodeExecutor:
         --fp16-arithmetic gpu, split where the GPU kernel rounds inside the layer (bisector.fp16.arithmetic)."""
         if self.arithmetic == "gpu" and fp16 and core.output and core.output[0]:
             split = split_bias_epilogue(core, core.output[0], self._weight_rank)
+            if split is not None:
+                return split
+        if self.arithmetic == "gpu" and fp16 and core.op_type == "LSTM":
+            split = split_lstm(core, model_opset(self.catalog.model))  # None: a form it does not handle
             if split is not None:
                 return split
         return [core]

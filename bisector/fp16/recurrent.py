@@ -1,0 +1,195 @@
+"""An FP16 LSTM as a GPU computes it (``--fp16-arithmetic gpu``): per time step, in half precision.
+
+Why: the storage rules treat an LSTM like any layer — FP16 inputs, weights and outputs, FP32 math inside, one
+rounding at the output. A real FP16 LSTM keeps its state in FP16 from step to step and computes its gates in
+half precision. Measured on an H100 with ONNX Runtime's CUDA provider (cuDNN; docs/verification.md, "Sixteenth
+round"; scripts/device/lstm_rounding.py): on ddddocr's recogniser (a bidirectional LSTM, hidden size 512, 128
+steps) the GPU's output differs from FP32 by 2.7e-4 on average (p99 1.2e-3, max 4.7e-3) where the storage rules
+give 6.9e-5 (3.3e-4, 1.3e-3); with the LSTM alone in FP16 the model's excess was 0.97 on the GPU and 0.29
+emulated. No choice of rounding points with FP32 math (the input projection, the recurrent product, the cell
+state, the hidden state: 16 variants) matched more than 19% of the GPU's elements, and the GPU's error is already
+there at the first step: its pointwise math is in half precision. The model below — products rounded to FP16,
+every pointwise operation rounded to FP16, sigmoid and tanh evaluated from FP16 operations — gives 2.4e-4 (p99
+1.1e-3, max 4.9e-3). It matches the GPU's error in size, not bit for bit (the GPU's activation approximations
+are not documented).
+
+Built as ONNX nodes (a ``Loop`` per direction) that replace the LSTM node in the emulator's session. Only the
+common form is handled: default activations, no clip, no peepholes, no ``sequence_lens``, ``input_forget`` 0,
+``layout`` 0 (ONNX Runtime runs no other layout), opset 11 or later; any other LSTM keeps the storage rule.
+The nodes use only operators whose signature did not change from opset 11 to today (no Unsqueeze, Split, Slice).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+MIN_OPSET = 11
+_DEFAULT_ACTIVATIONS = (b"Sigmoid", b"Tanh", b"Tanh")
+
+
+def supported(node: onnx.NodeProto, opset: int | None) -> bool:
+    """Whether `split_lstm` handles this LSTM (else the storage rule applies to it)."""
+    if node.op_type != "LSTM" or (opset is not None and opset < MIN_OPSET):
+        return False
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    ins = list(node.input) + [""] * (8 - len(node.input))
+    if ins[4] or ins[7]:  # sequence_lens, peepholes
+        return False
+    acts = attrs.get("activations")
+    if acts is not None and tuple(acts) not in (_DEFAULT_ACTIVATIONS, _DEFAULT_ACTIVATIONS * 2):
+        return False
+    if "clip" in attrs or attrs.get("input_forget", 0) or attrs.get("layout", 0):
+        return False
+    return attrs.get("direction", b"forward") in (b"forward", b"reverse", b"bidirectional") and "hidden_size" in attrs
+
+
+def split_lstm(node: onnx.NodeProto, opset: int | None, rounding: bool = True) -> list[onnx.NodeProto] | None:
+    """Nodes computing `node`'s outputs (same names) as the GPU does, or None where `supported` says no.
+    ``rounding=False`` leaves out every FP16 rounding (the decomposition alone: equal to ONNX's LSTM in FP32,
+    what the tests check it against)."""
+    if not supported(node, opset):
+        return None
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    hidden = int(attrs["hidden_size"])
+    direction = attrs.get("direction", b"forward").decode()
+    ins = list(node.input) + [""] * (8 - len(node.input))
+    x, w, r, b, _, h0, c0, _ = ins
+    outs = list(node.output) + [""] * (3 - len(node.output))
+    p = f"{node.name or 'lstm'}__gpu16"  # a prefix no other tensor of the session uses
+    nodes: list[onnx.NodeProto] = []
+    names = iter(range(1 << 30))
+
+    def tensor(tag: str) -> str:
+        return f"{p}_{tag}_{next(names)}"
+
+    def const(value: np.ndarray, tag: str) -> str:
+        name = tensor(tag)
+        nodes.append(helper.make_node("Constant", [], [name], value=numpy_helper.from_array(value, name)))
+        return name
+
+    def op(kind: str, inputs: list[str], into: list[onnx.NodeProto] | None = None, **kw) -> str:
+        out = tensor(kind.lower())
+        (nodes if into is None else into).append(helper.make_node(kind, inputs, [out], **kw))
+        return out
+
+    def rounded(t: str, into: list[onnx.NodeProto] | None = None) -> str:
+        if not rounding:
+            return t
+        return op("Cast", [op("Cast", [t], into, to=TensorProto.FLOAT16)], into, to=TensorProto.FLOAT)
+
+    shape_x = op("Shape", [x])
+    steps = op("Gather", [shape_x, const(np.array(0, np.int64), "zero")], axis=0)  # T, a scalar
+    batch = op("Gather", [shape_x, const(np.array(1, np.int64), "one")], axis=0)
+    state_shape = op("Concat", [op("Reshape", [batch, const(np.array([1], np.int64), "to1")]),
+                                const(np.array([hidden], np.int64), "hidden")], axis=0)
+    keep = const(np.array(True), "true")
+    last = op("Sub", [steps, const(np.array(1, np.int64), "one")])
+    # T-1, ..., 0 as (T-1) - (0, ..., T-1): ORT (1.32 here) at ORT_ENABLE_ALL turns Gather(x, Range(T-1, -1, -1)) into a
+    # Slice whose end -1 wraps to the last element, an empty result
+    backwards = op("Sub", [last, op("Range", [const(np.array(0, np.int64), "zero"), steps,
+                                              const(np.array(1, np.int64), "step")])])
+    gate_index = [const(np.arange(k * hidden, (k + 1) * hidden, dtype=np.int64), f"gate{k}") for k in range(4)]
+    one, two = const(np.array(1.0, np.float32), "f1"), const(np.array(2.0, np.float32), "f2")
+
+    dirs = ["forward", "reverse"] if direction == "bidirectional" else [direction]
+    ys, hs, cs = [], [], []
+    for d, way in enumerate(dirs):
+        pick = const(np.array(d, np.int64), f"dir{d}")
+        w_t = op("Transpose", [op("Gather", [w, pick], axis=0)], perm=[1, 0])  # (I, 4H)
+        r_t = op("Transpose", [op("Gather", [r, pick], axis=0)], perm=[1, 0])  # (H, 4H)
+        projected = rounded(op("MatMul", [x, w_t]))  # (T, B, 4H): one product for every step
+        bias = None
+        if b:
+            halves = op("Reshape", [op("Gather", [b, pick], axis=0), const(np.array([2, 4 * hidden], np.int64), "b2")])
+            bias = rounded(op("Add", [op("Gather", [halves, const(np.array(0, np.int64), "wb")], axis=0),
+                                      op("Gather", [halves, const(np.array(1, np.int64), "rb")], axis=0)]))
+        starts = []
+        for given in (h0, c0):
+            if given:
+                starts.append(op("Gather", [given, pick], axis=0))
+            else:
+                starts.append(op("ConstantOfShape", [state_shape], value=numpy_helper.from_array(
+                    np.zeros(1, np.float32))))
+        body: list[onnx.NodeProto] = []
+        it, cond, h_in, c_in = tensor("iter"), tensor("cond"), tensor("h_in"), tensor("c_in")
+        t = it if way == "forward" else op("Sub", [last, it], body)
+        step_in = op("Gather", [projected, t], body, axis=0)  # (B, 4H)
+        gates = rounded(op("Add", [step_in, rounded(op("MatMul", [h_in, r_t], body), body)], body), body)
+        if bias is not None:
+            gates = rounded(op("Add", [gates, bias], body), body)
+
+        def sigmoid(v: str) -> str:  # 1 / (1 + exp(-v)), each operation in FP16
+            e = rounded(op("Exp", [rounded(op("Neg", [v], body), body)], body), body)
+            return rounded(op("Div", [one, rounded(op("Add", [one, e], body), body)], body), body)
+
+        def tanh(v: str) -> str:  # 2·sigmoid(2v) − 1
+            s = sigmoid(rounded(op("Mul", [two, v], body), body))
+            return rounded(op("Sub", [rounded(op("Mul", [two, s], body), body), one], body), body)
+
+        i, o, f, g = (op("Gather", [gates, idx], body, axis=1) for idx in gate_index)  # ONNX's order: i, o, f, c
+        i, o, f, g = sigmoid(i), sigmoid(o), sigmoid(f), tanh(g)
+        c_out = rounded(op("Add", [rounded(op("Mul", [f, c_in], body), body),
+                                   rounded(op("Mul", [i, g], body), body)], body), body)
+        h_out = rounded(op("Mul", [o, tanh(c_out)], body), body)
+        cond_out = op("Identity", [cond], body)
+        h_next, c_next, y_t = op("Identity", [h_out], body), op("Identity", [c_out], body), op("Identity", [h_out], body)
+        loop_body = helper.make_graph(
+            body, f"{p}_step{d}",
+            [helper.make_tensor_value_info(it, TensorProto.INT64, []),
+             helper.make_tensor_value_info(cond, TensorProto.BOOL, []),
+             helper.make_tensor_value_info(h_in, TensorProto.FLOAT, None),
+             helper.make_tensor_value_info(c_in, TensorProto.FLOAT, None)],
+            [helper.make_tensor_value_info(cond_out, TensorProto.BOOL, []),
+             helper.make_tensor_value_info(h_next, TensorProto.FLOAT, None),
+             helper.make_tensor_value_info(c_next, TensorProto.FLOAT, None),
+             helper.make_tensor_value_info(y_t, TensorProto.FLOAT, None)])
+        h_last, c_last, per_step = tensor("h_last"), tensor("c_last"), tensor("ys")
+        nodes.append(helper.make_node("Loop", [steps, keep, *starts], [h_last, c_last, per_step], body=loop_body))
+        if way == "reverse":  # the steps came out last first
+            per_step = op("Gather", [per_step, backwards], axis=0)
+        ys.append(op("Reshape", [per_step, const(np.array([0, 1, -1, hidden], np.int64), "y4")]))
+        hs.append(op("Reshape", [h_last, const(np.array([1, -1, hidden], np.int64), "h3")]))
+        cs.append(op("Reshape", [c_last, const(np.array([1, -1, hidden], np.int64), "c3")]))
+    for name, parts, axis in ((outs[0], ys, 1), (outs[1], hs, 0), (outs[2], cs, 0)):
+        if name:
+            nodes.append(helper.make_node("Concat", parts, [name], axis=axis) if len(parts) > 1
+                         else helper.make_node("Identity", parts, [name]))
+    return nodes
+
+
+def lstm_reference(x: np.ndarray, w: np.ndarray, r: np.ndarray, b: np.ndarray | None, direction: str,
+                   half: Callable[[np.ndarray], np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The same computation in numpy (zero initial states), for the tests: `half` rounds (None: FP32 throughout)."""
+    rd = half or (lambda a: np.asarray(a, np.float32))
+    steps, batch, _ = x.shape
+    hidden = r.shape[-1]
+
+    def sig(v):
+        return rd(1.0 / rd(1.0 + rd(np.exp(rd(-v)))))
+
+    def tanh(v):
+        return rd(2.0 * sig(rd(2.0 * v)) - 1.0)
+
+    ys, hs, cs = [], [], []
+    for d, way in enumerate(["forward", "reverse"] if direction == "bidirectional" else [direction]):
+        proj = rd(np.einsum("tbi,gi->tbg", x, w[d]).astype(np.float32))
+        bias = rd(b[d][:4 * hidden] + b[d][4 * hidden:]) if b is not None else np.float32(0)
+        h = np.zeros((batch, hidden), np.float32)
+        c = np.zeros((batch, hidden), np.float32)
+        y = np.zeros((steps, batch, hidden), np.float32)
+        for t in (range(steps) if way == "forward" else range(steps - 1, -1, -1)):
+            g = rd(rd(proj[t] + rd((h @ r[d].T).astype(np.float32))) + bias) if b is not None else \
+                rd(proj[t] + rd((h @ r[d].T).astype(np.float32)))
+            i, o, f, gg = (g[:, k * hidden:(k + 1) * hidden] for k in range(4))
+            i, o, f, gg = sig(i), sig(o), sig(f), tanh(gg)
+            c = rd(rd(f * c) + rd(i * gg))
+            h = rd(o * tanh(c))
+            y[t] = h
+        ys.append(y)
+        hs.append(h)
+        cs.append(c)
+    return np.stack(ys, 1), np.stack(hs), np.stack(cs)

@@ -1,0 +1,143 @@
+"""`--fp16-arithmetic gpu` computes an FP16 LSTM step by step in half precision (bisector.fp16.recurrent)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from bisector.app.job import open_job
+from bisector.fp16.arithmetic import rules_tag
+from bisector.fp16.recurrent import lstm_reference, split_lstm, supported
+
+
+def _half(a):
+    return np.asarray(a, np.float32).astype(np.float16).astype(np.float32)
+
+
+def _lstm_case(direction: str, bias: bool, states: bool, seed: int = 0, steps: int = 6, batch: int = 2,
+               inputs: int = 5, hidden: int = 4):
+    rng = np.random.default_rng(seed)
+    dirs = 2 if direction == "bidirectional" else 1
+    feeds = {"X": rng.standard_normal((steps, batch, inputs)).astype(np.float32),
+             "W": (rng.standard_normal((dirs, 4 * hidden, inputs)) * 0.5).astype(np.float32),
+             "R": (rng.standard_normal((dirs, 4 * hidden, hidden)) * 0.5).astype(np.float32)}
+    if bias:
+        feeds["B"] = (rng.standard_normal((dirs, 8 * hidden)) * 0.5).astype(np.float32)
+    if states:
+        feeds["h0"] = rng.standard_normal((dirs, batch, hidden)).astype(np.float32)
+        feeds["c0"] = rng.standard_normal((dirs, batch, hidden)).astype(np.float32)
+    names = ["X", "W", "R", "B" if bias else "", "", "h0" if states else "", "c0" if states else ""]
+    node = helper.make_node("LSTM", names, ["Y", "Yh", "Yc"], name="lstm", hidden_size=hidden, direction=direction)
+    return node, feeds
+
+
+def _run(nodes, feeds, opset):
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(k, TensorProto.FLOAT, None) for k in feeds],
+                              [helper.make_tensor_value_info(k, TensorProto.FLOAT, None) for k in ("Y", "Yh", "Yc")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+@pytest.mark.parametrize("opset", [12, 17])
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+@pytest.mark.parametrize("bias,states", [(True, True), (False, False), (True, False)])
+def test_the_decomposition_without_rounding_is_onnx_lstm(opset, direction, bias, states):
+    """The step-by-step nodes are ONNX's LSTM (gate order, directions, biases, initial states), at ORT's own
+    graph optimisations (ORT_ENABLE_ALL once turned a reversed Gather into an empty Slice)."""
+    node, feeds = _lstm_case(direction, bias, states)
+    want = _run([node], feeds, opset)
+    got = _run(split_lstm(node, opset, rounding=False), feeds, opset)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        np.testing.assert_allclose(g, w, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_decomposition_rounds_as_the_half_precision_reference(direction, bias):
+    node, feeds = _lstm_case(direction, bias, states=False, seed=3)
+    got = _run(split_lstm(node, 13), feeds, 13)
+    want = lstm_reference(feeds["X"], feeds["W"], feeds["R"], feeds.get("B"), direction, _half)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    plain = _run([node], feeds, 13)[0]
+    assert np.abs(got[0] - plain).max() > 1e-4  # it does round: half precision is not FP32
+
+
+@pytest.mark.parametrize("change", ["sequence_lens", "peepholes", "clip", "layout", "activations", "opset",
+                                    "input_forget", "other op"])
+def test_forms_it_does_not_handle_keep_the_storage_rule(change):
+    node, _ = _lstm_case("forward", True, True)
+    opset = 13
+    if change == "sequence_lens":
+        node.input[4] = "lens"
+    elif change == "peepholes":
+        node.input.append("P")
+    elif change == "clip":
+        node.attribute.append(helper.make_attribute("clip", 3.0))
+    elif change == "layout":
+        node.attribute.append(helper.make_attribute("layout", 1))
+    elif change == "activations":
+        node.attribute.append(helper.make_attribute("activations", ["Relu", "Tanh", "Tanh"]))
+    elif change == "input_forget":
+        node.attribute.append(helper.make_attribute("input_forget", 1))
+    elif change == "opset":
+        opset = 10
+    else:
+        node.op_type = "GRU"
+    assert not supported(node, opset) and split_lstm(node, opset) is None
+    plain, _ = _lstm_case("forward", True, True)
+    plain.attribute.append(helper.make_attribute("activations", ["Sigmoid", "Tanh", "Tanh"]))  # spelled out: fine
+    assert supported(plain, 13)
+
+
+def _lstm_model(tmp_path, hidden=8, steps=12):
+    """x -> Tanh -> LSTM (weights as initializers) -> Y -> Sigmoid: the LSTM is a candidate of its own."""
+    rng = np.random.default_rng(7)
+    w = numpy_helper.from_array((rng.standard_normal((1, 4 * hidden, 6)) * 0.5).astype(np.float32), "W")
+    r = numpy_helper.from_array((rng.standard_normal((1, 4 * hidden, hidden)) * 0.5).astype(np.float32), "R")
+    b = numpy_helper.from_array((rng.standard_normal((1, 8 * hidden)) * 0.5).astype(np.float32), "B")
+    nodes = [helper.make_node("Tanh", ["x"], ["t"], name="pre"),
+             helper.make_node("LSTM", ["t", "W", "R", "B"], ["y", "", ""], name="rnn", hidden_size=hidden),
+             helper.make_node("Sigmoid", ["y"], ["out"], name="post")]
+    graph = helper.make_graph(nodes, "lstm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [steps, 1, 6])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [steps, 1, 1, hidden])],
+                              initializer=[w, r, b])
+    path = tmp_path / "lstm.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)]), str(path))
+    return path, (onnx.numpy_helper.to_array(w), onnx.numpy_helper.to_array(r), onnx.numpy_helper.to_array(b))
+
+
+def test_gpu_mode_emulates_the_lstm_step_by_step_and_storage_mode_does_not(tmp_path):
+    path, (w, r, b) = _lstm_model(tmp_path)
+    outs = {}
+    for mode in ("storage", "gpu"):
+        job = open_job(path, atol=["1e-3"], rtol=["1e-3"], no_cache=True, fp16_arithmetic=mode,
+                       val_range=["x:[-1,1]"])
+        assert "rnn" in job.catalog.candidates
+        plan = job.plan(["pre", "post"])  # only the LSTM in FP16
+        feeds = job.feeds_list[0]
+        outs[mode] = job.backend.run(plan, feeds, ["out"])["out"]
+        t = np.tanh(feeds["x"]).astype(np.float32)
+        assert job.backend.describe()["rules"] == rules_tag(mode)
+        job.close()
+    y16 = lstm_reference(_half(t), _half(w), _half(r), _half(b), "forward", _half)[0]
+    # the GPU model: FP16 input and weights, half-precision steps, the output rounded (already FP16), then FP32 Sigmoid
+    np.testing.assert_allclose(outs["gpu"], 1 / (1 + np.exp(-y16)), rtol=0, atol=2e-7)
+    y32 = lstm_reference(_half(t), _half(w), _half(r), _half(b), "forward")[0]
+    np.testing.assert_allclose(outs["storage"], 1 / (1 + np.exp(-_half(y32))), rtol=0, atol=2e-7)
+    assert np.abs(outs["gpu"] - outs["storage"]).max() > 1e-4
+
+
+def test_a_search_in_gpu_mode_through_an_lstm(tmp_path):
+    """End to end: the default command's search with the LSTM step model passes and is 1-minimal."""
+    import bisector
+
+    path, _ = _lstm_model(tmp_path)
+    result = bisector.precision(path, atol=2e-3, rtol=2e-3, fp16_arithmetic="gpu", val_range={"x": (-1, 1)},
+                                output_dir=tmp_path / "out", no_cache=True, plot=False)
+    assert result.passed and result.minimal
+    assert result.constraints.backend["rules"] == rules_tag("gpu")
