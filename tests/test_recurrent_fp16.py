@@ -141,3 +141,35 @@ def test_a_search_in_gpu_mode_through_an_lstm(tmp_path):
                                 output_dir=tmp_path / "out", no_cache=True, plot=False)
     assert result.passed and result.minimal
     assert result.constraints.backend["rules"] == rules_tag("gpu")
+
+
+def test_recurrent_nodes_judged_with_too_little_error_are_named(tmp_path, caplog):
+    """storage mode: the LSTM is named, with the way out; gpu mode: nothing to say; a GRU: named in either mode,
+    without advice that does not apply to it."""
+    import logging
+
+    path, _ = _lstm_model(tmp_path)
+    for mode, said in (("storage", True), ("gpu", False)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="bisector"):
+            open_job(path, atol=["1e-3"], no_cache=True, fp16_arithmetic=mode).close()
+        text = " ".join(r.getMessage() for r in caplog.records if "Recurrent" in r.getMessage())
+        assert bool(text) is said
+        if said:
+            assert "rnn (LSTM)" in text and "--fp16-arithmetic gpu" in text and "--confirm-on" in text
+    model = onnx.load(str(path))
+    rnn = model.graph.node[1]
+    rnn.op_type = "GRU"
+    del rnn.output[2]  # GRU has no cell state
+    hidden = 8
+    w = numpy_helper.from_array(np.full((1, 3 * hidden, 6), 0.1, np.float32), "W")
+    r = numpy_helper.from_array(np.full((1, 3 * hidden, hidden), 0.1, np.float32), "R")
+    b = numpy_helper.from_array(np.zeros((1, 6 * hidden), np.float32), "B")
+    del model.graph.initializer[:]
+    model.graph.initializer.extend([w, r, b])
+    onnx.save(model, str(tmp_path / "gru.onnx"))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="bisector"):
+        open_job(tmp_path / "gru.onnx", atol=["1e-3"], no_cache=True, fp16_arithmetic="gpu").close()
+    text = " ".join(r.getMessage() for r in caplog.records if "Recurrent" in r.getMessage())
+    assert "rnn (GRU)" in text and "--fp16-arithmetic gpu computes" not in text
