@@ -173,3 +173,55 @@ def test_recurrent_nodes_judged_with_too_little_error_are_named(tmp_path, caplog
         open_job(tmp_path / "gru.onnx", atol=["1e-3"], no_cache=True, fp16_arithmetic="gpu").close()
     text = " ".join(r.getMessage() for r in caplog.records if "Recurrent" in r.getMessage())
     assert "rnn (GRU)" in text and "--fp16-arithmetic gpu computes" not in text
+
+
+def test_two_unnamed_lstms_with_odd_output_names_in_one_session(tmp_path):
+    """The decomposition names its tensors after the LSTM's output (unique), not its node name (may be empty or
+    repeated): two unnamed LSTMs in one block run, each as the half-precision reference says."""
+    rng = np.random.default_rng(11)
+    hidden, steps = 4, 5
+    inits, nodes = [], []
+    src = "x"
+    for k, out in enumerate(["y/1", "y é 2"]):
+        size = 3 if k == 0 else hidden
+        for name, shape in ((f"W{k}", (1, 4 * hidden, size)), (f"R{k}", (1, 4 * hidden, hidden))):
+            inits.append(numpy_helper.from_array((rng.standard_normal(shape) * 0.5).astype(np.float32), name))
+        nodes.append(helper.make_node("LSTM", [src, f"W{k}", f"R{k}"], [out], hidden_size=hidden))
+        inits.append(numpy_helper.from_array(np.array([steps, 1, hidden], np.int64), f"shape{k}"))
+        nodes.append(helper.make_node("Reshape", [out, f"shape{k}"], [f"r{k}"], name=f"reshape{k}"))
+        src = f"r{k}"
+    graph = helper.make_graph(nodes, "two", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [steps, 1, 3])],
+                              [helper.make_tensor_value_info(src, TensorProto.FLOAT, [steps, 1, hidden])],
+                              initializer=inits)
+    path = tmp_path / "two.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)]), str(path))
+    job = open_job(path, atol=["1e-3"], no_cache=True, fp16_arithmetic="gpu", val_range=["x:[-1,1]"])
+    lstms = [c for c in job.catalog.candidates if job.catalog.nodes[c].op_type == "LSTM"]
+    assert len(lstms) == 2
+    feeds = job.feeds_list[0]
+    got = job.backend.run(job.plan([c for c in job.catalog.candidates if c not in lstms]), feeds, [src])[src]
+    job.close()
+    w = {i.name: numpy_helper.to_array(i) for i in inits}
+    h = _half(feeds["x"])
+    for k in range(2):
+        h = lstm_reference(h, _half(w[f"W{k}"]), _half(w[f"R{k}"]), None, "forward", _half)[0].reshape(steps, 1, hidden)
+    np.testing.assert_array_equal(got, h)
+
+
+def test_the_decompositions_of_two_unnamed_lstms_do_not_collide():
+    """Directly, without the catalog's unique names: both decompositions in one graph."""
+    first, feeds = _lstm_case("forward", True, False, seed=5)
+    second = onnx.NodeProto()
+    second.CopyFrom(first)
+    first.name = second.name = ""
+    second.input[0] = "x2"
+    second.output[:] = ["Y2", "", ""]
+    rng = np.random.default_rng(2)
+    feeds["x2"] = rng.standard_normal(feeds["X"].shape).astype(np.float32)
+    nodes = split_lstm(first, 13) + split_lstm(second, 13)
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(k, TensorProto.FLOAT, None) for k in feeds],
+                              [helper.make_tensor_value_info(k, TensorProto.FLOAT, None) for k in ("Y", "Y2")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    y, y2 = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    want2 = lstm_reference(feeds["x2"], feeds["W"], feeds["R"], feeds["B"], "forward", _half)[0]
+    np.testing.assert_array_equal(y2, want2)

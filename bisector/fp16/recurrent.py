@@ -59,7 +59,11 @@ def split_lstm(node: onnx.NodeProto, opset: int | None, rounding: bool = True) -
     ins = list(node.input) + [""] * (8 - len(node.input))
     x, w, r, b, _, h0, c0, _ = ins
     outs = list(node.output) + [""] * (3 - len(node.output))
-    p = f"{node.name or 'lstm'}__gpu16"  # a prefix no other tensor of the session uses
+    if not any(outs):
+        return None
+    # a prefix no other tensor of the session uses: from an output's name (unique in the graph; node names need not
+    # be, and two unnamed LSTMs in one block would collide)
+    p = f"{next(o for o in outs if o)}__gpu16"
     nodes: list[onnx.NodeProto] = []
     names = iter(range(1 << 30))
 
