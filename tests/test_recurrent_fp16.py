@@ -10,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from bisector.app.job import open_job
 from bisector.fp16.arithmetic import rules_tag
-from bisector.fp16.recurrent import lstm_reference, split_lstm, supported
+from bisector.fp16.recurrent import lstm_reference, split_recurrent, supported
 
 
 def _half(a):
@@ -49,7 +49,7 @@ def test_the_decomposition_without_rounding_is_onnx_lstm(opset, direction, bias,
     graph optimisations (ORT_ENABLE_ALL once turned a reversed Gather into an empty Slice)."""
     node, feeds = _lstm_case(direction, bias, states)
     want = _run([node], feeds, opset)
-    got = _run(split_lstm(node, opset, rounding=False), feeds, opset)
+    got = _run(split_recurrent(node, opset, rounding=False), feeds, opset)
     for g, w in zip(got, want):
         assert g.shape == w.shape
         np.testing.assert_allclose(g, w, atol=1e-6, rtol=1e-6)
@@ -59,7 +59,7 @@ def test_the_decomposition_without_rounding_is_onnx_lstm(opset, direction, bias,
 @pytest.mark.parametrize("bias", [True, False])
 def test_the_decomposition_rounds_as_the_half_precision_reference(direction, bias):
     node, feeds = _lstm_case(direction, bias, states=False, seed=3)
-    got = _run(split_lstm(node, 13), feeds, 13)
+    got = _run(split_recurrent(node, 13), feeds, 13)
     want = lstm_reference(feeds["X"], feeds["W"], feeds["R"], feeds.get("B"), direction, _half)
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
@@ -87,8 +87,8 @@ def test_forms_it_does_not_handle_keep_the_storage_rule(change):
     elif change == "opset":
         opset = 10
     else:
-        node.op_type = "GRU"
-    assert not supported(node, opset) and split_lstm(node, opset) is None
+        node.op_type = "Gemm"
+    assert not supported(node, opset) and split_recurrent(node, opset) is None
     plain, _ = _lstm_case("forward", True, True)
     plain.attribute.append(helper.make_attribute("activations", ["Sigmoid", "Tanh", "Tanh"]))  # spelled out: fine
     assert supported(plain, 13)
@@ -218,10 +218,118 @@ def test_the_decompositions_of_two_unnamed_lstms_do_not_collide():
     second.output[:] = ["Y2", "", ""]
     rng = np.random.default_rng(2)
     feeds["x2"] = rng.standard_normal(feeds["X"].shape).astype(np.float32)
-    nodes = split_lstm(first, 13) + split_lstm(second, 13)
+    nodes = split_recurrent(first, 13) + split_recurrent(second, 13)
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(k, TensorProto.FLOAT, None) for k in feeds],
                               [helper.make_tensor_value_info(k, TensorProto.FLOAT, None) for k in ("Y", "Y2")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     y, y2 = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
     want2 = lstm_reference(feeds["x2"], feeds["W"], feeds["R"], feeds["B"], "forward", _half)[0]
     np.testing.assert_array_equal(y2, want2)
+
+
+def _gru_reference(x, w, r, b, direction, half=None):
+    """ONNX's GRU with linear_before_reset, each operation rounded by `half` (None: FP32)."""
+    rd = half or (lambda a: np.asarray(a, np.float32))
+    steps, batch, _ = x.shape
+    hidden = r.shape[-1]
+
+    def sig(v):
+        return rd(1.0 / rd(1.0 + rd(np.exp(rd(-v)))))
+
+    def tanh(v):
+        return rd(2.0 * sig(rd(2.0 * v)) - 1.0)
+
+    def blk(a, k, n=1):
+        return a[..., k * hidden:(k + n) * hidden]
+
+    ys, hs = [], []
+    for d, way in enumerate(["forward", "reverse"] if direction == "bidirectional" else [direction]):
+        wb, rb = b[d][:3 * hidden], b[d][3 * hidden:]
+        proj = rd(np.einsum("tbi,gi->tbg", x, w[d]).astype(np.float32))
+        h = np.zeros((batch, hidden), np.float32)
+        y = np.zeros((steps, batch, hidden), np.float32)
+        for t in (range(steps) if way == "forward" else range(steps - 1, -1, -1)):
+            zr = rd(rd(blk(proj[t], 0, 2) + rd(h @ blk(r[d].T, 0, 2))) + rd(blk(wb, 0, 2) + blk(rb, 0, 2)))
+            z, re = sig(blk(zr, 0)), sig(blk(zr, 1))
+            n = tanh(rd(rd(blk(proj[t], 2) + blk(wb, 2)) + rd(re * rd(rd(h @ blk(r[d].T, 2)) + blk(rb, 2)))))
+            h = rd(rd(rd(1.0 - z) * n) + rd(z * h))
+            y[t] = h
+        ys.append(y)
+        hs.append(h)
+    return np.stack(ys, 1), np.stack(hs)
+
+
+def _node_case(op, direction, bias, states, before_reset=0, seed=0, steps=6, batch=2, inputs=5, hidden=4):
+    rng = np.random.default_rng(seed)
+    dirs = 2 if direction == "bidirectional" else 1
+    gates = {"GRU": 3, "RNN": 1}[op]
+    feeds = {"X": rng.standard_normal((steps, batch, inputs)).astype(np.float32),
+             "W": (rng.standard_normal((dirs, gates * hidden, inputs)) * 0.5).astype(np.float32),
+             "R": (rng.standard_normal((dirs, gates * hidden, hidden)) * 0.5).astype(np.float32)}
+    if bias:
+        feeds["B"] = (rng.standard_normal((dirs, 2 * gates * hidden)) * 0.5).astype(np.float32)
+    if states:
+        feeds["h0"] = rng.standard_normal((dirs, batch, hidden)).astype(np.float32)
+    extra = {"linear_before_reset": before_reset} if op == "GRU" else {}
+    node = helper.make_node(op, ["X", "W", "R", "B" if bias else "", "", "h0" if states else ""], ["Y", "Yh"],
+                            hidden_size=hidden, direction=direction, **extra)
+    return node, feeds
+
+
+def _run2(nodes, feeds, opset):
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(k, TensorProto.FLOAT, None) for k in feeds],
+                              [helper.make_tensor_value_info(k, TensorProto.FLOAT, None) for k in ("Y", "Yh")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+@pytest.mark.parametrize("op,before_reset", [("GRU", 1), ("RNN", 0)])
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+@pytest.mark.parametrize("bias,states", [(True, True), (False, False)])
+def test_gru_and_rnn_decompositions_without_rounding_are_onnx(op, before_reset, direction, bias, states):
+    node, feeds = _node_case(op, direction, bias, states, before_reset)
+    want = _run2([node], feeds, 14)
+    got = _run2(split_recurrent(node, 14, rounding=False), feeds, 14)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        np.testing.assert_allclose(g, w, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("direction", ["forward", "bidirectional"])
+def test_gru_decomposition_rounds_as_the_half_precision_reference(direction):
+    node, feeds = _node_case("GRU", direction, True, False, 1, seed=4)
+    got = _run2(split_recurrent(node, 14), feeds, 14)
+    want = _gru_reference(feeds["X"], feeds["W"], feeds["R"], feeds["B"], direction, _half)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    assert np.abs(got[0] - _run2([node], feeds, 14)[0]).max() > 1e-4
+
+
+def test_a_gru_without_linear_before_reset_keeps_the_storage_rule():
+    """ORT-CUDA computed that form exactly as the storage rules say (scripts/device/recurrent_rounding.py)."""
+    node, _ = _node_case("GRU", "forward", True, False, 0)
+    assert not supported(node, 14) and split_recurrent(node, 14) is None
+    node, _ = _node_case("GRU", "forward", True, False, 1)
+    assert supported(node, 14) and split_recurrent(node, 14)
+
+
+def test_a_cudnn_form_gru_is_named_in_storage_mode_with_the_way_out(tmp_path, caplog):
+    import logging
+
+    path, _ = _lstm_model(tmp_path)
+    model = onnx.load(str(path))
+    rnn = model.graph.node[1]
+    rnn.op_type = "GRU"
+    del rnn.output[2]
+    rnn.attribute.append(helper.make_attribute("linear_before_reset", 1))
+    hidden = 8
+    del model.graph.initializer[:]
+    model.graph.initializer.extend([numpy_helper.from_array(np.full(s, 0.1, np.float32), n) for n, s in (
+        ("W", (1, 3 * hidden, 6)), ("R", (1, 3 * hidden, hidden)), ("B", (1, 6 * hidden)))])
+    onnx.save(model, str(tmp_path / "gru1.onnx"))
+    for mode, said in (("storage", True), ("gpu", False)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="bisector"):
+            open_job(tmp_path / "gru1.onnx", atol=["1e-3"], no_cache=True, fp16_arithmetic=mode).close()
+        text = " ".join(r.getMessage() for r in caplog.records if "Recurrent" in r.getMessage())
+        assert ("rnn (GRU)" in text and "--fp16-arithmetic gpu computes" in text) is said and bool(text) is said

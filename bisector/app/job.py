@@ -139,10 +139,9 @@ def warn_unsplit_branches(catalog: Catalog, unsplit: dict[str, int]) -> None:
 
 def warn_recurrent(catalog: Catalog, backend: Backend) -> None:
     """Say so when the emulator judges recurrent nodes in FP16 with less error than GPUs give them. A real FP16
-    LSTM keeps its state in half precision from step to step: with one LSTM alone in FP16 an H100's ORT-CUDA gave
-    3.3 x the storage rules' excess on a real recogniser (docs/verification.md, "Sixteenth round"); the gpu
-    arithmetic mode computes the common LSTM form step by step (bisector.fp16.recurrent). GRU and RNN are not
-    modelled step by step in either mode."""
+    LSTM, GRU or RNN keeps its state in half precision from step to step: with one LSTM alone in FP16 an H100's
+    ORT-CUDA gave 3.3 x the storage rules' excess on a real recogniser (docs/verification.md, "Sixteenth round").
+    The gpu arithmetic mode computes their common forms step by step (bisector.fp16.recurrent)."""
     if getattr(backend, "name", None) != "emulate":
         return
     from bisector.fp16.recurrent import supported
@@ -151,17 +150,17 @@ def warn_recurrent(catalog: Catalog, backend: Backend) -> None:
 
     gpu = getattr(backend, "arithmetic", "storage") == "gpu"
     opset = model_opset(catalog.model)
-    loose = [n for n in catalog.candidates if catalog.nodes[n].op_type in ("GRU", "RNN")
-             or (catalog.nodes[n].op_type == "LSTM" and not (gpu and supported(catalog.nodes[n], opset)))]
+    recurrent = [n for n in catalog.candidates if catalog.nodes[n].op_type in ("LSTM", "GRU", "RNN")]
+    loose = [n for n in recurrent if not (gpu and supported(catalog.nodes[n], opset))]
     if not loose:
         return
     names = ", ".join(f"{one_line(n)} ({catalog.nodes[n].op_type})" for n in loose[:5])
     more = f" and {len(loose) - 5} more" if len(loose) > 5 else ""
-    lstm_fixable = any(catalog.nodes[n].op_type == "LSTM" and supported(catalog.nodes[n], opset) for n in loose)
+    fixable = not gpu and any(supported(catalog.nodes[n], opset) for n in loose)
     log.warning("Recurrent nodes in FP16 are judged with less error than a GPU gives them: %s%s round their outputs "
                 "once, where FP16 kernels keep the state in half precision at every step (an LSTM alone: 3.3x the "
                 "emulated excess on an H100). %sJudge the set where it will run (--confirm-on, or verify --backend).",
-                names, more, "--fp16-arithmetic gpu computes an LSTM step by step. " if lstm_fixable else "")
+                names, more, "--fp16-arithmetic gpu computes them step by step. " if fixable else "")
 
 
 def feeds_for(catalog: Catalog, inputs: Inputs) -> tuple[list[Feeds], dict[str, Any]]:

@@ -11,9 +11,9 @@ storage-only emulation. Linear Resize differs too, by a rule not yet identified 
 Modes:
 - ``storage`` (default): DESIGN §4 only; the tests/data test vectors encode it, and it is what TensorRT's fused
   bias epilogue (FP32) does.
-- ``gpu``: storage rules plus the bias epilogue of ORT-CUDA/cuDNN/cuBLAS FP16 Conv and Gemm, and an FP16 LSTM
-  computed step by step in half precision (bisector.fp16.recurrent: the GPU's LSTM error was 4 x the storage
-  rules' on a real recogniser).
+- ``gpu``: storage rules plus the bias epilogue of ORT-CUDA/cuDNN/cuBLAS FP16 Conv and Gemm, and FP16 LSTM, GRU
+  and RNN nodes computed step by step in half precision (bisector.fp16.recurrent: the GPU's LSTM error was
+  4 x the storage rules' on a real recogniser).
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ MODES = ("storage", "gpu")
 
 
 def rules_tag(mode: str) -> str:
-    # the gpu mode's LSTM (bisector.fp16.recurrent) came in the sixteenth round: gpu-mode caches from before are stale
-    return "fp16-storage-v1" if mode == "storage" else "fp16-storage-v1+gpu-bias-epilogue-v1+gpu-lstm-v1"
+    # the gpu mode's recurrent nodes (bisector.fp16.recurrent) came in the sixteenth round: gpu-mode caches from
+    # before are stale
+    return "fp16-storage-v1" if mode == "storage" else "fp16-storage-v1+gpu-bias-epilogue-v1+gpu-recurrent-v1"
 
 
 def check_mode(mode: str) -> str:

@@ -1,4 +1,4 @@
-"""An FP16 LSTM as a GPU computes it (``--fp16-arithmetic gpu``): per time step, in half precision.
+"""FP16 recurrent nodes as a GPU computes them (``--fp16-arithmetic gpu``): per time step, in half precision.
 
 Why: the storage rules treat an LSTM like any layer — FP16 inputs, weights and outputs, FP32 math inside, one
 rounding at the output. A real FP16 LSTM keeps its state in FP16 from step to step and computes its gates in
@@ -13,10 +13,18 @@ every pointwise operation rounded to FP16, sigmoid and tanh evaluated from FP16 
 1.1e-3, max 4.9e-3). It matches the GPU's error in size, not bit for bit (the GPU's activation approximations
 are not documented).
 
-Built as ONNX nodes (a ``Loop`` per direction) that replace the LSTM node in the emulator's session. Only the
-common form is handled: default activations, no clip, no peepholes, no ``sequence_lens``, ``input_forget`` 0,
-``layout`` 0 (ONNX Runtime runs no other layout), opset 11 or later; any other LSTM keeps the storage rule.
-The nodes use only operators whose signature did not change from opset 11 to today (no Unsqueeze, Split, Slice).
+GRU (its ``linear_before_reset`` form, cuDNN's) and RNN get the same treatment: products rounded, pointwise
+operations in FP16, the state rounded each step. Measured on the H100 with random weights (bidirectional, 64 steps,
+hidden 256; scripts/device/recurrent_rounding.py), mean / p99 / max error against FP32: GRU GPU 3.1e-4 / 1.1e-3 /
+2.2e-3, this model 2.9e-4 / 1.0e-3 / 2.0e-3, storage rules 6.2e-5 / 2.4e-4 / 2.4e-4; RNN 5.0e-4 / 1.9e-3 / 4.4e-3,
+4.1e-4 / 1.4e-3 / 2.7e-3, 9.3e-5 / 2.4e-4 / 2.4e-4; LSTM 2.0e-4 / 8.5e-4 / 1.9e-3, 1.9e-4 / 8.3e-4 / 2.1e-3,
+2.7e-5 / 1.2e-4 / 2.4e-4. A GRU without ``linear_before_reset`` came out of ORT-CUDA bit for bit as the storage
+rules say, and keeps them.
+
+Built as ONNX nodes (a ``Loop`` per direction) that replace the node in the emulator's session. Only the common
+form is handled: default activations, no clip, no peepholes, no ``sequence_lens``, ``input_forget`` 0, ``layout``
+0 (ONNX Runtime runs no other layout), opset 11 or later; any other form keeps the storage rule. The nodes use only
+operators whose signature did not change from opset 11 to today (no Unsqueeze, Split, Slice).
 """
 
 from __future__ import annotations
@@ -28,41 +36,49 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 MIN_OPSET = 11
-_DEFAULT_ACTIVATIONS = (b"Sigmoid", b"Tanh", b"Tanh")
+_GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}  # gate blocks in W and R, in ONNX's order (LSTM i o f c; GRU z r h)
+_DEFAULT_ACTIVATIONS = {"LSTM": (b"Sigmoid", b"Tanh", b"Tanh"), "GRU": (b"Sigmoid", b"Tanh"), "RNN": (b"Tanh",)}
 
 
 def supported(node: onnx.NodeProto, opset: int | None) -> bool:
-    """Whether `split_lstm` handles this LSTM (else the storage rule applies to it)."""
-    if node.op_type != "LSTM" or (opset is not None and opset < MIN_OPSET):
+    """Whether `split_recurrent` handles this node (else the storage rule applies to it)."""
+    if node.op_type not in _GATES or (opset is not None and opset < MIN_OPSET):
         return False
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     ins = list(node.input) + [""] * (8 - len(node.input))
-    if ins[4] or ins[7]:  # sequence_lens, peepholes
+    if ins[4] or (node.op_type == "LSTM" and ins[7]):  # sequence_lens, peepholes
         return False
-    acts = attrs.get("activations")
-    if acts is not None and tuple(acts) not in (_DEFAULT_ACTIVATIONS, _DEFAULT_ACTIVATIONS * 2):
+    acts, default = attrs.get("activations"), _DEFAULT_ACTIVATIONS[node.op_type]
+    if acts is not None and tuple(acts) not in (default, default * 2):
         return False
     if "clip" in attrs or attrs.get("input_forget", 0) or attrs.get("layout", 0):
+        return False
+    if node.op_type == "GRU" and not attrs.get("linear_before_reset", 0):
+        # cuDNN's GRU is the linear_before_reset form; ORT-CUDA computed the other one exactly as the storage rule
+        # says (measured: the same bits), so that one keeps it
         return False
     return attrs.get("direction", b"forward") in (b"forward", b"reverse", b"bidirectional") and "hidden_size" in attrs
 
 
-def split_lstm(node: onnx.NodeProto, opset: int | None, rounding: bool = True) -> list[onnx.NodeProto] | None:
+def split_recurrent(node: onnx.NodeProto, opset: int | None, rounding: bool = True) -> list[onnx.NodeProto] | None:
     """Nodes computing `node`'s outputs (same names) as the GPU does, or None where `supported` says no.
-    ``rounding=False`` leaves out every FP16 rounding (the decomposition alone: equal to ONNX's LSTM in FP32,
+    ``rounding=False`` leaves out every FP16 rounding (the decomposition alone: equal to ONNX's operator in FP32,
     what the tests check it against)."""
     if not supported(node, opset):
         return None
+    kind = node.op_type
+    gates = _GATES[kind]
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     hidden = int(attrs["hidden_size"])
     direction = attrs.get("direction", b"forward").decode()
     ins = list(node.input) + [""] * (8 - len(node.input))
-    x, w, r, b, _, h0, c0, _ = ins
+    x, w, r, b, _, h0 = ins[:6]
+    c0 = ins[6] if kind == "LSTM" else ""
     outs = list(node.output) + [""] * (3 - len(node.output))
     if not any(outs):
         return None
     # a prefix no other tensor of the session uses: from an output's name (unique in the graph; node names need not
-    # be, and two unnamed LSTMs in one block would collide)
+    # be, and two unnamed nodes in one block would collide)
     p = f"{next(o for o in outs if o)}__gpu16"
     nodes: list[onnx.NodeProto] = []
     names = iter(range(1 << 30))
@@ -75,15 +91,19 @@ def split_lstm(node: onnx.NodeProto, opset: int | None, rounding: bool = True) -
         nodes.append(helper.make_node("Constant", [], [name], value=numpy_helper.from_array(value, name)))
         return name
 
-    def op(kind: str, inputs: list[str], into: list[onnx.NodeProto] | None = None, **kw) -> str:
-        out = tensor(kind.lower())
-        (nodes if into is None else into).append(helper.make_node(kind, inputs, [out], **kw))
+    def op(kind_: str, inputs: list[str], into: list[onnx.NodeProto] | None = None, **kw) -> str:
+        out = tensor(kind_.lower())
+        (nodes if into is None else into).append(helper.make_node(kind_, inputs, [out], **kw))
         return out
 
     def rounded(t: str, into: list[onnx.NodeProto] | None = None) -> str:
         if not rounding:
             return t
         return op("Cast", [op("Cast", [t], into, to=TensorProto.FLOAT16)], into, to=TensorProto.FLOAT)
+
+    def block(t: str, k: int, into: list[onnx.NodeProto] | None = None, count: int = 1) -> str:
+        """Gate blocks k .. k+count-1 of the last axis."""
+        return op("Gather", [t, gate_index[(k, count)]], into, axis=-1)
 
     shape_x = op("Shape", [x])
     steps = op("Gather", [shape_x, const(np.array(0, np.int64), "zero")], axis=0)  # T, a scalar
@@ -96,23 +116,24 @@ def split_lstm(node: onnx.NodeProto, opset: int | None, rounding: bool = True) -
     # Slice whose end -1 wraps to the last element, an empty result
     backwards = op("Sub", [last, op("Range", [const(np.array(0, np.int64), "zero"), steps,
                                               const(np.array(1, np.int64), "step")])])
-    gate_index = [const(np.arange(k * hidden, (k + 1) * hidden, dtype=np.int64), f"gate{k}") for k in range(4)]
+    gate_index = {(k, n): const(np.arange(k * hidden, (k + n) * hidden, dtype=np.int64), f"gate{k}x{n}")
+                  for k in range(gates) for n in range(1, gates - k + 1)}
     one, two = const(np.array(1.0, np.float32), "f1"), const(np.array(2.0, np.float32), "f2")
+    zeros = const(np.zeros(2 * gates * hidden, np.float32), "nobias")
 
     dirs = ["forward", "reverse"] if direction == "bidirectional" else [direction]
     ys, hs, cs = [], [], []
     for d, way in enumerate(dirs):
         pick = const(np.array(d, np.int64), f"dir{d}")
-        w_t = op("Transpose", [op("Gather", [w, pick], axis=0)], perm=[1, 0])  # (I, 4H)
-        r_t = op("Transpose", [op("Gather", [r, pick], axis=0)], perm=[1, 0])  # (H, 4H)
-        projected = rounded(op("MatMul", [x, w_t]))  # (T, B, 4H): one product for every step
-        bias = None
-        if b:
-            halves = op("Reshape", [op("Gather", [b, pick], axis=0), const(np.array([2, 4 * hidden], np.int64), "b2")])
-            bias = rounded(op("Add", [op("Gather", [halves, const(np.array(0, np.int64), "wb")], axis=0),
-                                      op("Gather", [halves, const(np.array(1, np.int64), "rb")], axis=0)]))
+        w_t = op("Transpose", [op("Gather", [w, pick], axis=0)], perm=[1, 0])  # (I, G·H)
+        r_t = op("Transpose", [op("Gather", [r, pick], axis=0)], perm=[1, 0])  # (H, G·H)
+        projected = rounded(op("MatMul", [x, w_t]))  # (T, B, G·H): one product for every step
+        halves = op("Reshape", [op("Gather", [b, pick], axis=0) if b else zeros,
+                                const(np.array([2, gates * hidden], np.int64), "b2")])
+        wb = op("Gather", [halves, const(np.array(0, np.int64), "wb")], axis=0)
+        rb = op("Gather", [halves, const(np.array(1, np.int64), "rb")], axis=0)
         starts = []
-        for given in (h0, c0):
+        for given in ((h0, c0) if kind == "LSTM" else (h0,)):
             if given:
                 starts.append(op("Gather", [given, pick], axis=0))
             else:
@@ -121,45 +142,64 @@ def split_lstm(node: onnx.NodeProto, opset: int | None, rounding: bool = True) -
         body: list[onnx.NodeProto] = []
         it, cond, h_in, c_in = tensor("iter"), tensor("cond"), tensor("h_in"), tensor("c_in")
         t = it if way == "forward" else op("Sub", [last, it], body)
-        step_in = op("Gather", [projected, t], body, axis=0)  # (B, 4H)
-        gates = rounded(op("Add", [step_in, rounded(op("MatMul", [h_in, r_t], body), body)], body), body)
-        if bias is not None:
-            gates = rounded(op("Add", [gates, bias], body), body)
+        step_in = op("Gather", [projected, t], body, axis=0)  # (B, G·H)
+
+        def add(a: str, c: str) -> str:
+            return rounded(op("Add", [a, c], body), body)
+
+        def mul(a: str, c: str) -> str:
+            return rounded(op("Mul", [a, c], body), body)
 
         def sigmoid(v: str) -> str:  # 1 / (1 + exp(-v)), each operation in FP16
             e = rounded(op("Exp", [rounded(op("Neg", [v], body), body)], body), body)
-            return rounded(op("Div", [one, rounded(op("Add", [one, e], body), body)], body), body)
+            return rounded(op("Div", [one, add(one, e)], body), body)
 
         def tanh(v: str) -> str:  # 2·sigmoid(2v) − 1
-            s = sigmoid(rounded(op("Mul", [two, v], body), body))
-            return rounded(op("Sub", [rounded(op("Mul", [two, s], body), body), one], body), body)
+            return rounded(op("Sub", [mul(two, sigmoid(mul(two, v))), one], body), body)
 
-        i, o, f, g = (op("Gather", [gates, idx], body, axis=1) for idx in gate_index)  # ONNX's order: i, o, f, c
-        i, o, f, g = sigmoid(i), sigmoid(o), sigmoid(f), tanh(g)
-        c_out = rounded(op("Add", [rounded(op("Mul", [f, c_in], body), body),
-                                   rounded(op("Mul", [i, g], body), body)], body), body)
-        h_out = rounded(op("Mul", [o, tanh(c_out)], body), body)
+        if kind == "LSTM":
+            pre = add(add(step_in, rounded(op("MatMul", [h_in, r_t], body), body)), rounded(op("Add", [wb, rb])))
+            i, o, f, g = (block(pre, k, body) for k in range(4))  # ONNX's order: i, o, f, c
+            i, o, f, g = sigmoid(i), sigmoid(o), sigmoid(f), tanh(g)
+            c_out = add(mul(f, c_in), mul(i, g))
+            h_out = mul(o, tanh(c_out))
+        elif kind == "GRU":  # ONNX's order: z, r, h
+            bias_zr = rounded(op("Add", [block(wb, 0, count=2), block(rb, 0, count=2)]))
+            r_zr = block(r_t, 0, count=2)  # (H, 2H)
+            zr = add(add(block(step_in, 0, body, 2), rounded(op("MatMul", [h_in, r_zr], body), body)), bias_zr)
+            z, reset = sigmoid(block(zr, 0, body)), sigmoid(block(zr, 1, body))
+            r_h = block(r_t, 2)  # (H, H)
+            # linear_before_reset (`supported`): r ⊙ (H·Rh^T + Rbh), as cuDNN computes it
+            hh = mul(reset, add(rounded(op("MatMul", [h_in, r_h], body), body), block(rb, 2)))
+            n = tanh(add(add(block(step_in, 2, body), block(wb, 2)), hh))
+            h_out = add(mul(rounded(op("Sub", [one, z], body), body), n), mul(z, h_in))
+            c_out = None
+        else:  # RNN
+            h_out = tanh(add(add(step_in, rounded(op("MatMul", [h_in, r_t], body), body)),
+                             rounded(op("Add", [wb, rb]))))
+            c_out = None
+        carried = [h_in] + ([c_in] if c_out else [])
         cond_out = op("Identity", [cond], body)
-        h_next, c_next, y_t = op("Identity", [h_out], body), op("Identity", [c_out], body), op("Identity", [h_out], body)
+        nexts = [op("Identity", [h_out], body)] + ([op("Identity", [c_out], body)] if c_out else [])
+        y_t = op("Identity", [h_out], body)
         loop_body = helper.make_graph(
             body, f"{p}_step{d}",
             [helper.make_tensor_value_info(it, TensorProto.INT64, []),
-             helper.make_tensor_value_info(cond, TensorProto.BOOL, []),
-             helper.make_tensor_value_info(h_in, TensorProto.FLOAT, None),
-             helper.make_tensor_value_info(c_in, TensorProto.FLOAT, None)],
-            [helper.make_tensor_value_info(cond_out, TensorProto.BOOL, []),
-             helper.make_tensor_value_info(h_next, TensorProto.FLOAT, None),
-             helper.make_tensor_value_info(c_next, TensorProto.FLOAT, None),
-             helper.make_tensor_value_info(y_t, TensorProto.FLOAT, None)])
-        h_last, c_last, per_step = tensor("h_last"), tensor("c_last"), tensor("ys")
-        nodes.append(helper.make_node("Loop", [steps, keep, *starts], [h_last, c_last, per_step], body=loop_body))
+             helper.make_tensor_value_info(cond, TensorProto.BOOL, [])]
+            + [helper.make_tensor_value_info(v, TensorProto.FLOAT, None) for v in carried],
+            [helper.make_tensor_value_info(cond_out, TensorProto.BOOL, [])]
+            + [helper.make_tensor_value_info(v, TensorProto.FLOAT, None) for v in nexts + [y_t]])
+        finals = [tensor("h_last")] + ([tensor("c_last")] if c_out else [])
+        per_step = tensor("ys")
+        nodes.append(helper.make_node("Loop", [steps, keep, *starts], [*finals, per_step], body=loop_body))
         if way == "reverse":  # the steps came out last first
             per_step = op("Gather", [per_step, backwards], axis=0)
         ys.append(op("Reshape", [per_step, const(np.array([0, 1, -1, hidden], np.int64), "y4")]))
-        hs.append(op("Reshape", [h_last, const(np.array([1, -1, hidden], np.int64), "h3")]))
-        cs.append(op("Reshape", [c_last, const(np.array([1, -1, hidden], np.int64), "c3")]))
+        hs.append(op("Reshape", [finals[0], const(np.array([1, -1, hidden], np.int64), "h3")]))
+        if c_out:
+            cs.append(op("Reshape", [finals[1], const(np.array([1, -1, hidden], np.int64), "c3")]))
     for name, parts, axis in ((outs[0], ys, 1), (outs[1], hs, 0), (outs[2], cs, 0)):
-        if name:
+        if name and parts:
             nodes.append(helper.make_node("Concat", parts, [name], axis=axis) if len(parts) > 1
                          else helper.make_node("Identity", parts, [name]))
     return nodes
@@ -181,13 +221,12 @@ def lstm_reference(x: np.ndarray, w: np.ndarray, r: np.ndarray, b: np.ndarray | 
     ys, hs, cs = [], [], []
     for d, way in enumerate(["forward", "reverse"] if direction == "bidirectional" else [direction]):
         proj = rd(np.einsum("tbi,gi->tbg", x, w[d]).astype(np.float32))
-        bias = rd(b[d][:4 * hidden] + b[d][4 * hidden:]) if b is not None else np.float32(0)
+        bias = rd(b[d][:4 * hidden] + b[d][4 * hidden:]) if b is not None else np.zeros(4 * hidden, np.float32)
         h = np.zeros((batch, hidden), np.float32)
         c = np.zeros((batch, hidden), np.float32)
         y = np.zeros((steps, batch, hidden), np.float32)
         for t in (range(steps) if way == "forward" else range(steps - 1, -1, -1)):
-            g = rd(rd(proj[t] + rd((h @ r[d].T).astype(np.float32))) + bias) if b is not None else \
-                rd(proj[t] + rd((h @ r[d].T).astype(np.float32)))
+            g = rd(rd(proj[t] + rd((h @ r[d].T).astype(np.float32))) + bias)
             i, o, f, gg = (g[:, k * hidden:(k + 1) * hidden] for k in range(4))
             i, o, f, gg = sig(i), sig(o), sig(f), tanh(gg)
             c = rd(rd(f * c) + rd(i * gg))

@@ -30,7 +30,7 @@ from bisector.cores import usable_cores
 from bisector.errors import BackendFailure
 from bisector.fp16 import rules
 from bisector.fp16.arithmetic import split_bias_epilogue
-from bisector.fp16.recurrent import split_lstm
+from bisector.fp16.recurrent import split_recurrent
 from bisector.fp16.casts import FLOAT, cast, fp16_name, raw_name, round_trip, rounded_name
 from bisector.fp16.points import Read, RoundingPoints
 from bisector.model import weights as weight_store
@@ -355,8 +355,8 @@ class NodeExecutor:
             split = split_bias_epilogue(core, core.output[0], self._weight_rank)
             if split is not None:
                 return split
-        if self.arithmetic == "gpu" and fp16 and core.op_type == "LSTM":
-            split = split_lstm(core, model_opset(self.catalog.model))  # None: a form it does not handle
+        if self.arithmetic == "gpu" and fp16 and core.op_type in ("LSTM", "GRU", "RNN"):
+            split = split_recurrent(core, model_opset(self.catalog.model))  # None: a form it does not handle
             if split is not None:
                 return split
         return [core]
