@@ -30,9 +30,9 @@ from bisector.cores import usable_cores
 from bisector.errors import BackendFailure
 from bisector.fp16 import rules
 from bisector.fp16.arithmetic import split_bias_epilogue
-from bisector.fp16.recurrent import split_recurrent
 from bisector.fp16.casts import FLOAT, cast, fp16_name, raw_name, round_trip, rounded_name
 from bisector.fp16.points import Read, RoundingPoints
+from bisector.fp16.recurrent import split_recurrent
 from bisector.model import weights as weight_store
 from bisector.model.catalog import Catalog
 from bisector.model.graph import has_subgraph, nonempty
