@@ -10,7 +10,46 @@ from onnx import TensorProto, helper, numpy_helper
 
 from bisector.app.job import open_job
 from bisector.fp16.arithmetic import rules_tag
-from bisector.fp16.recurrent import lstm_reference, split_recurrent, supported
+from bisector.fp16.recurrent import split_recurrent, supported
+
+
+def _half_ops(half):
+    """(round, sigmoid, tanh) of gpu mode's recurrent model: sigmoid and tanh from operations each rounded by `half`
+    (None: FP32 throughout)."""
+    rd = half or (lambda a: np.asarray(a, np.float32))
+
+    def sig(v):
+        return rd(1.0 / rd(1.0 + rd(np.exp(rd(-v)))))
+
+    def tanh(v):
+        return rd(2.0 * sig(rd(2.0 * v)) - 1.0)
+
+    return rd, sig, tanh
+
+
+def lstm_reference(x, w, r, b, direction, half=None):
+    """ONNX's LSTM (zero initial states) in numpy, each operation rounded by `half` (None: FP32)."""
+    rd, sig, tanh = _half_ops(half)
+    steps, batch, _ = x.shape
+    hidden = r.shape[-1]
+    ys, hs, cs = [], [], []
+    for d, way in enumerate(["forward", "reverse"] if direction == "bidirectional" else [direction]):
+        proj = rd(np.einsum("tbi,gi->tbg", x, w[d]).astype(np.float32))
+        bias = rd(b[d][:4 * hidden] + b[d][4 * hidden:]) if b is not None else np.zeros(4 * hidden, np.float32)
+        h = np.zeros((batch, hidden), np.float32)
+        c = np.zeros((batch, hidden), np.float32)
+        y = np.zeros((steps, batch, hidden), np.float32)
+        for t in (range(steps) if way == "forward" else range(steps - 1, -1, -1)):
+            g = rd(rd(proj[t] + rd((h @ r[d].T).astype(np.float32))) + bias)
+            i, o, f, gg = (g[:, k * hidden:(k + 1) * hidden] for k in range(4))
+            i, o, f, gg = sig(i), sig(o), sig(f), tanh(gg)
+            c = rd(rd(f * c) + rd(i * gg))
+            h = rd(o * tanh(c))
+            y[t] = h
+        ys.append(y)
+        hs.append(h)
+        cs.append(c)
+    return np.stack(ys, 1), np.stack(hs), np.stack(cs)
 
 
 def _half(a):
@@ -229,15 +268,9 @@ def test_the_decompositions_of_two_unnamed_lstms_do_not_collide():
 
 def _gru_reference(x, w, r, b, direction, half=None):
     """ONNX's GRU with linear_before_reset, each operation rounded by `half` (None: FP32)."""
-    rd = half or (lambda a: np.asarray(a, np.float32))
+    rd, sig, tanh = _half_ops(half)
     steps, batch, _ = x.shape
     hidden = r.shape[-1]
-
-    def sig(v):
-        return rd(1.0 / rd(1.0 + rd(np.exp(rd(-v)))))
-
-    def tanh(v):
-        return rd(2.0 * sig(rd(2.0 * v)) - 1.0)
 
     def blk(a, k, n=1):
         return a[..., k * hidden:(k + n) * hidden]

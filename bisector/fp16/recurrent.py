@@ -29,8 +29,6 @@ operators whose signature did not change from opset 11 to today (no Unsqueeze, S
 
 from __future__ import annotations
 
-from typing import Callable
-
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -203,36 +201,3 @@ def split_recurrent(node: onnx.NodeProto, opset: int | None, rounding: bool = Tr
             nodes.append(helper.make_node("Concat", parts, [name], axis=axis) if len(parts) > 1
                          else helper.make_node("Identity", parts, [name]))
     return nodes
-
-
-def lstm_reference(x: np.ndarray, w: np.ndarray, r: np.ndarray, b: np.ndarray | None, direction: str,
-                   half: Callable[[np.ndarray], np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The same computation in numpy (zero initial states), for the tests: `half` rounds (None: FP32 throughout)."""
-    rd = half or (lambda a: np.asarray(a, np.float32))
-    steps, batch, _ = x.shape
-    hidden = r.shape[-1]
-
-    def sig(v):
-        return rd(1.0 / rd(1.0 + rd(np.exp(rd(-v)))))
-
-    def tanh(v):
-        return rd(2.0 * sig(rd(2.0 * v)) - 1.0)
-
-    ys, hs, cs = [], [], []
-    for d, way in enumerate(["forward", "reverse"] if direction == "bidirectional" else [direction]):
-        proj = rd(np.einsum("tbi,gi->tbg", x, w[d]).astype(np.float32))
-        bias = rd(b[d][:4 * hidden] + b[d][4 * hidden:]) if b is not None else np.zeros(4 * hidden, np.float32)
-        h = np.zeros((batch, hidden), np.float32)
-        c = np.zeros((batch, hidden), np.float32)
-        y = np.zeros((steps, batch, hidden), np.float32)
-        for t in (range(steps) if way == "forward" else range(steps - 1, -1, -1)):
-            g = rd(rd(proj[t] + rd((h @ r[d].T).astype(np.float32))) + bias)
-            i, o, f, gg = (g[:, k * hidden:(k + 1) * hidden] for k in range(4))
-            i, o, f, gg = sig(i), sig(o), sig(f), tanh(gg)
-            c = rd(rd(f * c) + rd(i * gg))
-            h = rd(o * tanh(c))
-            y[t] = h
-        ys.append(y)
-        hs.append(h)
-        cs.append(c)
-    return np.stack(ys, 1), np.stack(hs), np.stack(cs)
