@@ -138,10 +138,12 @@ def warn_unsplit_branches(catalog: Catalog, unsplit: dict[str, int]) -> None:
 
 
 def warn_recurrent(catalog: Catalog, backend: Backend) -> None:
-    """Say so when the emulator judges recurrent nodes in FP16 with less error than GPUs give them. A real FP16
-    LSTM, GRU or RNN keeps its state in half precision from step to step: with one LSTM alone in FP16 an H100's
-    ORT-CUDA gave 3.3 x the storage rules' excess on a real recogniser (docs/verification.md, "Sixteenth round").
-    The gpu arithmetic mode computes their common forms step by step (bisector.fp16.recurrent)."""
+    """Say so when the emulator judges recurrent nodes in FP16 with less error than GPUs give them. ORT-CUDA's FP16
+    LSTM, GRU and RNN (cuDNN) compute every step in half precision: with one LSTM alone in FP16 an H100 gave 3.3 x
+    the storage rules' excess on a real recogniser (docs/verification.md, "Sixteenth round"; rounding only the
+    state at each step, with FP32 math, changed the emulated error by under 1%, so the math is what counts).
+    The gpu arithmetic mode computes their common forms that way (bisector.fp16.recurrent); TensorRT's recurrent
+    layers were not measured."""
     if getattr(backend, "name", None) != "emulate":
         return
     from bisector.fp16.recurrent import supported
@@ -157,9 +159,10 @@ def warn_recurrent(catalog: Catalog, backend: Backend) -> None:
     names = ", ".join(f"{one_line(n)} ({catalog.nodes[n].op_type})" for n in loose[:5])
     more = f" and {len(loose) - 5} more" if len(loose) > 5 else ""
     fixable = not gpu and any(supported(catalog.nodes[n], opset) for n in loose)
-    log.warning("Recurrent nodes in FP16 are judged with less error than a GPU gives them: %s%s round their outputs "
-                "once, where FP16 kernels keep the state in half precision at every step (an LSTM alone: 3.3x the "
-                "emulated excess on an H100). %sJudge the set where it will run (--confirm-on, or verify --backend).",
+    log.warning("Recurrent nodes in FP16 may be judged with less error than a GPU gives them: %s%s compute in FP32 "
+                "with FP16 inputs and outputs here, where ORT-CUDA's FP16 kernels compute every step in half "
+                "precision (an LSTM alone: 3.3x the emulated excess on an H100; TensorRT not measured). %sJudge the "
+                "set where it will run (--confirm-on, or verify --backend).",
                 names, more, "--fp16-arithmetic gpu computes them step by step. " if fixable else "")
 
 

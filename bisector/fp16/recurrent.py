@@ -1,8 +1,8 @@
 """FP16 recurrent nodes as a GPU computes them (``--fp16-arithmetic gpu``): per time step, in half precision.
 
 Why: the storage rules treat an LSTM like any layer — FP16 inputs, weights and outputs, FP32 math inside, one
-rounding at the output. A real FP16 LSTM keeps its state in FP16 from step to step and computes its gates in
-half precision. Measured on an H100 with ONNX Runtime's CUDA provider (cuDNN; docs/verification.md, "Sixteenth
+rounding at the output. ORT-CUDA's FP16 LSTM (cuDNN) keeps its state in FP16 from step to step and computes its
+gates in half precision (TensorRT's recurrent layers were not measured). Measured on an H100 with ONNX Runtime's CUDA provider (cuDNN; docs/verification.md, "Sixteenth
 round"; scripts/device/lstm_rounding.py): on ddddocr's recogniser (a bidirectional LSTM, hidden size 512, 128
 steps) the GPU's output differs from FP32 by 2.7e-4 on average (p99 1.2e-3, max 4.7e-3) where the storage rules
 give 6.9e-5 (3.3e-4, 1.3e-3); with the LSTM alone in FP16 the model's excess was 0.97 on the GPU and 0.29
