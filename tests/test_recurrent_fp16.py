@@ -366,3 +366,18 @@ def test_a_cudnn_form_gru_is_named_in_storage_mode_with_the_way_out(tmp_path, ca
             open_job(tmp_path / "gru1.onnx", atol=["1e-3"], no_cache=True, fp16_arithmetic=mode).close()
         text = " ".join(r.getMessage() for r in caplog.records if "Recurrent" in r.getMessage())
         assert ("rnn (GRU)" in text and "--fp16-arithmetic gpu computes" in text) is said and bool(text) is said
+
+
+def test_report_names_an_lstm_left_fp16_under_the_storage_rules(tmp_path):
+    """report.md (what a nightly job's reader sees, not the log) names an FP16 LSTM judged with FP32 math inside;
+    in gpu mode, which computes it step by step, it does not."""
+    import bisector
+
+    path, _ = _lstm_model(tmp_path)
+    for mode, said in (("storage", True), ("gpu", False)):
+        out = tmp_path / f"out_{mode}"
+        result = bisector.precision(path, atol=0.5, rtol=0.5, fp16_arithmetic=mode, val_range={"x": (-1, 1)},
+                                    output_dir=out, no_cache=True, plot=False)
+        assert result.passed and "rnn" not in result.fp32_nodes  # a loose tolerance: the LSTM stays FP16
+        report = (out / "report.md").read_text()
+        assert ("Recurrent nodes in FP16 judged with FP32 math inside:** `rnn` (LSTM)" in report) is said, report
