@@ -146,14 +146,13 @@ def warn_recurrent(catalog: Catalog, backend: Backend) -> None:
     layers were not measured."""
     if getattr(backend, "name", None) != "emulate":
         return
-    from bisector.fp16.recurrent import supported
+    from bisector.fp16.recurrent import stepwise_missing, supported
     from bisector.model.optable import model_opset
     from bisector.text import one_line
 
     gpu = getattr(backend, "arithmetic", "storage") == "gpu"
     opset = model_opset(catalog.model)
-    recurrent = [n for n in catalog.candidates if catalog.nodes[n].op_type in ("LSTM", "GRU", "RNN")]
-    loose = [n for n in recurrent if not (gpu and supported(catalog.nodes[n], opset))]
+    loose = stepwise_missing(catalog.nodes, catalog.candidates, opset, gpu)
     if not loose:
         return
     names = ", ".join(f"{one_line(n)} ({catalog.nodes[n].op_type})" for n in loose[:5])

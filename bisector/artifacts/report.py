@@ -94,15 +94,14 @@ def render_report(catalog: Catalog, c: Constraints, strings: dict, extra: str = 
 
 
 def _fp16_recurrent_on_storage_rules(catalog: Catalog, c: Constraints) -> list[str]:
-    """The recurrent nodes the result leaves FP16 that the emulator judged with FP32 math inside (the storage
-    rules, or a form gpu mode does not compute step by step): app.job.warn_recurrent says why that matters."""
+    """The recurrent nodes the result leaves FP16 that the emulator judged with FP32 math inside (app.job's
+    `warn_recurrent` says why that matters)."""
     if c.backend.get("backend") != "emulate" or c.confirmed_on:
         return []
-    from bisector.fp16.recurrent import supported
+    from bisector.fp16.recurrent import stepwise_missing
     from bisector.model.optable import model_opset
 
     gpu = "gpu-recurrent" in str(c.backend.get("rules", ""))
-    opset = model_opset(catalog.model)
     fp32 = set(c.fp32_nodes)
-    return [n for n in catalog.candidates if n not in fp32 and catalog.nodes[n].op_type in ("LSTM", "GRU", "RNN")
-            and not (gpu and supported(catalog.nodes[n], opset))]
+    return [n for n in stepwise_missing(catalog.nodes, catalog.candidates, model_opset(catalog.model), gpu)
+            if n not in fp32]

@@ -29,6 +29,8 @@ operators whose signature did not change from opset 11 to today (no Unsqueeze, S
 
 from __future__ import annotations
 
+from typing import Iterable, Mapping
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -56,6 +58,14 @@ def supported(node: onnx.NodeProto, opset: int | None) -> bool:
         # says (measured: the same bits), so that one keeps it
         return False
     return attrs.get("direction", b"forward") in (b"forward", b"reverse", b"bidirectional") and "hidden_size" in attrs
+
+
+def stepwise_missing(nodes: Mapping[str, onnx.NodeProto], candidates: Iterable[str], opset: int | None,
+                     gpu: bool) -> list[str]:
+    """The recurrent candidates the emulation computes with FP32 math inside (the storage rules; in gpu mode the
+    forms `split_recurrent` does not handle), where ORT-CUDA's FP16 kernels compute each step in half precision:
+    what the job's warning and report.md name."""
+    return [n for n in candidates if nodes[n].op_type in _GATES and not (gpu and supported(nodes[n], opset))]
 
 
 def split_recurrent(node: onnx.NodeProto, opset: int | None, rounding: bool = True) -> list[onnx.NodeProto] | None:
