@@ -381,3 +381,29 @@ def test_report_names_an_lstm_left_fp16_under_the_storage_rules(tmp_path):
         assert result.passed and "rnn" not in result.fp32_nodes  # a loose tolerance: the LSTM stays FP16
         report = (out / "report.md").read_text()
         assert ("Recurrent nodes in FP16 judged with FP32 math inside:** `rnn` (LSTM)" in report) is said, report
+
+
+def test_inspect_lists_recurrent_nodes_and_whether_gpu_mode_computes_them_step_by_step(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from bisector.cli.main import app
+
+    path, _ = _lstm_model(tmp_path)
+    model = onnx.load(str(path))
+    model.graph.node[1].attribute.append(helper.make_attribute("clip", 5.0))  # a form gpu mode does not handle
+    onnx.save(model, str(tmp_path / "clipped.onnx"))
+    doc = bisector_inspect(path)
+    assert doc["recurrent"] == {"rnn": {"op": "LSTM", "gpu_stepwise": True}}
+    assert bisector_inspect(tmp_path / "clipped.onnx")["recurrent"] == {"rnn": {"op": "LSTM", "gpu_stepwise": False}}
+    run = CliRunner().invoke(app, ["inspect", str(tmp_path / "clipped.onnx")])
+    assert run.exit_code == 0 and "rnn (LSTM; gpu: not modelled)" in run.output
+    run = CliRunner().invoke(app, ["inspect", str(path), "--json", str(tmp_path / "i.json")])
+    assert json.loads((tmp_path / "i.json").read_text())["recurrent"]["rnn"]["gpu_stepwise"] is True
+
+
+def bisector_inspect(path):
+    import bisector
+
+    return bisector.inspect(path)

@@ -70,6 +70,9 @@ def describe(cat, file_nodes: list[tuple[str, str, str]] | None = None) -> dict[
         "nodes_total": len(nodes), "candidates": list(cat.candidates), "pinned": dict(cat.pinned),
         # If candidates lowered as one unit: their branches compute FP32 on emulate/ort-cuda (job.warn_unsplit_branches)
         "unsplit_branches": dict(cat.unsplit_branches),
+        # recurrent candidates: emulated with FP32 math inside under the storage rules; `gpu_stepwise`: whether
+        # --fp16-arithmetic gpu computes them step by step in half precision, as ORT-CUDA does (job.warn_recurrent)
+        "recurrent": _recurrent(cat),
         "inputs": [io(vi) for vi in graph.input if vi.name not in inits],
         "outputs": [io(vi) for vi in graph.output],
         "op_histogram": histogram, "nodes": nodes,
@@ -136,3 +139,11 @@ def inspect_data(path: str | Path) -> dict[str, Any]:
              "iterations": [[describe_array(k, v) for k, v in it.get("outputs", {}).items()] for it in iterations]}
             for name, iterations in data["lst"]]}
     raise UsageError(f"{path}: neither Polygraphy inputs (a list) nor RunResults")
+
+
+def _recurrent(cat: Catalog) -> dict[str, dict[str, Any]]:
+    from bisector.fp16.recurrent import stepwise_missing
+
+    gpu_missing = set(stepwise_missing(cat.nodes, cat.candidates, cat.opset, gpu=True))
+    return {n: {"op": cat.nodes[n].op_type, "gpu_stepwise": n not in gpu_missing}
+            for n in stepwise_missing(cat.nodes, cat.candidates, cat.opset, gpu=False)}

@@ -144,6 +144,12 @@ def _print(doc: dict[str, Any]) -> None:
                       "inside them is judged only by --backend tensorrt): "
                       + ", ".join(f"{api.one_line(n)} ({k} nodes inside)" for n, k in doc["unsplit_branches"].items()),
                       markup=False, highlight=False, soft_wrap=True)
+    if doc.get("recurrent"):
+        console.print("Recurrent nodes (emulated with FP32 math inside; ORT-CUDA computes each step in half precision, "
+                      "as --fp16-arithmetic gpu does for the forms marked 'gpu: step by step'): "
+                      + ", ".join(f"{api.one_line(n)} ({r['op']}; gpu: {'step by step' if r['gpu_stepwise'] else 'not modelled'})"
+                                  for n, r in doc["recurrent"].items()),
+                      markup=False, highlight=False, soft_wrap=True)
 
     t = safe_table(title=f"Candidates in topological order ({len(doc['candidates'])})")
     for col, just in (("#", "right"), ("node", "left"), ("op", "left"), ("TensorRT layer", "left"), ("name from", "left")):
