@@ -584,7 +584,7 @@ def test_weights_are_fed_except_where_a_kernel_needs_a_constant(monkeypatch):
     """Block sessions get large weights as inputs fed from our arrays (ORT copies an external initializer while
     it builds a session: ~5 ms per block of an 8 x 768 transformer); Conv weights stay initializers (NCHWc).
     Same bits as with every weight an initializer."""
-    from bisector.backends.emulate import executor as ex
+    from bisector.model import weights as weight_store
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
     import scale
@@ -598,9 +598,9 @@ def test_weights_are_fed_except_where_a_kernel_needs_a_constant(monkeypatch):
     for model, x in cases:
         cat = Catalog.from_model(model)
         results = {}
-        for mode, constant_ops in (("fed", ex._CONSTANT_WEIGHT_OPS), ("initializers", None)):
+        for mode, constant_ops in (("fed", weight_store.BUILD_ONLY_OPS), ("initializers", None)):
             if constant_ops is None:  # every op as if its kernel needed a constant: the old way
-                monkeypatch.setattr(ex, "_CONSTANT_WEIGHT_OPS", frozenset(o.op_type for o in model.graph.node))
+                monkeypatch.setattr(weight_store, "BUILD_ONLY_OPS", frozenset(o.op_type for o in model.graph.node))
             be = EmulateBackend(block_size=4)
             be.open(cat)
             results[mode] = [be.run(plan, x) for plan in _plans(cat, 3)]

@@ -71,6 +71,12 @@ def weight_rule(a: np.ndarray) -> np.ndarray:
 _BUILT_IN_ROUND_WEIGHT = round_weight
 
 
+def weight_rule_is_elementwise(storage: str) -> bool:
+    """Whether the FP16 weight rule in force converts each value on its own (the built-in one does; a rule
+    changed in its home may not), so that a weight may be converted a slice at a time."""
+    return storage == "fp16" and round_weight is _BUILT_IN_ROUND_WEIGHT
+
+
 # The checks on a converted weight run over its bits in slices that stay in the CPU's cache: on a whole 100 MB
 # weight, the masked copy alone (50-100 MB of fresh pages) cost more than ORT's Cast (weight_rule 73 -> ~20 ms).
 CHECK_SLICE = 1 << 18

@@ -82,6 +82,7 @@ class Catalog:
                 digest = pool.submit(lambda: _hash_files(head.result(), _external_locations(path, model)))
                 files = tuple(weight_store.external_files(model, path.parent))
                 model, arrays = weight_store.detach(model, path)  # the parsed weights go with the old protobuf
+                weight_store.page_inline(arrays)
                 catalog = cls.from_model(model, path=path, sha256="pending")
             except BaseException:
                 head.cancel()

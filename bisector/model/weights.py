@@ -6,7 +6,11 @@ protobuf keeps, for each large top-level initializer, a stub (name, type, dims; 
 location `IN_MEMORY`), and the values live once, as arrays:
 
 - weights in external data files are memory-mapped read-only (no copy at all: the pages are the file's), and
-- weights stored inside the model file are converted once, after which the parsed protobuf is dropped.
+- weights stored inside the model file are converted once into a page file (`page_inline`,
+  `bisector.model.pages`), after which the parsed protobuf is dropped.
+
+Either way the values are a file's pages, which the emulator gives back after each session build and run that
+read them (`pages.release`): a search holds the weights of the block it is running, not the model's.
 
 Every reader of weight values goes through `Catalog.value`, `Catalog.weight_arrays` or `materialize` (a full
 protobuf, built only where a writer or a foreign parser needs one); ORT sessions run on the arrays themselves
@@ -25,7 +29,13 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from bisector.errors import UsageError
+from bisector.model import pages
 from bisector.model.graph import constant_tensor, copy_without, copy_without_initializers
+
+# Ops whose fast ONNX Runtime CPU kernels need their weights as constants (Conv's NCHWc layout: several times
+# faster) and copy them into their own layout while the session is built: the executor gives them such weights
+# as initializers (`executor._session`); others' weights are fed on every run.
+BUILD_ONLY_OPS = frozenset({"Conv", "ConvTranspose"})
 
 IN_MEMORY = "bisector-in-memory"  # the external-data location of a stub whose values are in the catalog's arrays
 DETACH_MIN_BYTES = 4096  # smaller initializers stay inline: shape constants and scalars, cheap to keep twice
@@ -107,6 +117,22 @@ def detach(model: onnx.ModelProto, model_path: Path) -> tuple[onnx.ModelProto, d
             except Exception as exc:  # noqa: BLE001 - onnx raises several kinds
                 raise UsageError(f"{model_path}: cannot load its external data files ({exc})") from None
     return light, values
+
+
+def page_inline(values: dict[str, np.ndarray]) -> int:
+    """Move the in-memory arrays of `values` into a page file, in place (external-data maps are file-backed
+    already); returns the bytes moved. Where the file cannot be written the rest stay in memory."""
+    file, moved = pages.PageFile(), 0
+    for name, v in values.items():
+        if pages.file_backed(v) or v.dtype.hasobject or v.nbytes < DETACH_MIN_BYTES:
+            continue
+        paged = file.put(v)
+        if paged is None:
+            break
+        values[name] = paged
+        moved += int(v.nbytes)
+    file.close()  # the arrays keep their maps
+    return moved
 
 
 def _nodes_with_constants_as_stubs(model: onnx.ModelProto, light: onnx.ModelProto, values: dict[str, np.ndarray]) -> None:

@@ -69,7 +69,9 @@ class EmulateBackend:
         of FP16 values), for the mixed model's writer to use instead of rounding again; {} for BF16 storage."""
         if self.executor is None or self.executor.storage != "fp16":
             return {}
-        return {**self.executor._converted, **self.executor._halves}
+        executor = self.executor
+        paged = {k[1] if isinstance(k, tuple) else k: v for k, v in executor._paged.items()}
+        return {**executor._converted, **executor._halves, **paged}
 
     @contextlib.contextmanager
     def part_of_the_batch(self, scale: float) -> Iterator[None]:

@@ -33,6 +33,7 @@ from bisector.fp16.arithmetic import split_bias_epilogue
 from bisector.fp16.casts import FLOAT, cast, fp16_name, raw_name, round_trip, rounded_name
 from bisector.fp16.points import Read, RoundingPoints
 from bisector.fp16.recurrent import split_recurrent
+from bisector.model import pages
 from bisector.model import weights as weight_store
 from bisector.model.catalog import Catalog
 from bisector.model.graph import has_subgraph, nonempty
@@ -86,9 +87,15 @@ class NodeExecutor:
         # with 4.5 MB of Conv weights held 4.7 MB), so cached variants hold a copy each: kept within two copies of
         # the model's constant weights (plain inference holds one), at least COPIES_BUDGET_MIN.
         self._copies_held = 0
-        constant = {t for n in catalog.model.graph.node if n.op_type in _CONSTANT_WEIGHT_OPS for t in n.input}
+        constant = {t for n in catalog.model.graph.node if n.op_type in weight_store.BUILD_ONLY_OPS for t in n.input}
         self.copies_budget = max(COPIES_BUDGET_MIN, 2 * sum(
             int(np.asarray(v).nbytes) for t, v in self.weights.items() if t in constant))
+        # Converted weights go to a page file once and stay there for the search (`bisector.model.pages`): like
+        # the model's own weights (`weights.page_inline`) they are a file's pages, given back after each session
+        # build and run that read them, and outside the budgets above. Where the file cannot be written they are
+        # ordinary arrays, kept within `converted_budget` as before.
+        self._pages = pages.PageFile()
+        self._paged: dict[str | tuple, np.ndarray] = {}
         self._recent_converted: OrderedDict[str | tuple, np.ndarray] = OrderedDict()  # `_keep_converted`
         self._recent_bytes = 0
         self._specs: dict[tuple, tuple] = {}
@@ -137,8 +144,14 @@ class NodeExecutor:
     def converted(self, weight: str) -> np.ndarray:
         """A weight as an FP16 (BF16) reader holds it (`rules.round_weight_as`), computed once while a session or
         the recent-use list holds it."""
+        w = self._paged.get(weight)
+        if w is not None:
+            return w
         w = self._converted.get(weight)
         if w is None:
+            paged = self._paged_conversion(weight, lambda a: rules.round_weight_as(self.storage, a))
+            if paged is not None:
+                return paged
             w = rules.round_weight_as(self.storage, self.weights[weight])
             self._converted[weight] = w
         self._keep_converted(weight, w)
@@ -148,12 +161,34 @@ class NodeExecutor:
         """`converted` as the FP16 array itself (`rules.weight_rule`: the same values, half the bytes), for a
         session that widens it with a Cast (`compose`); computed once while a session or the recent-use list
         holds it."""
+        w = self._paged.get(("half", weight))  # a key no weight name is
+        if w is not None:
+            return w
         w = self._halves.get(weight)
         if w is None:
+            paged = self._paged_conversion(("half", weight), rules.weight_rule)
+            if paged is not None:
+                return paged
             w = rules.weight_rule(self.weights[weight])
             self._halves[weight] = w
-        self._keep_converted(("half", weight), w)  # a key no weight name is
+        self._keep_converted(("half", weight), w)
         return w
+
+    def _paged_conversion(self, key: str | tuple, convert: Callable[[np.ndarray], np.ndarray]) -> np.ndarray | None:
+        """`convert` of a weight written to the page file and kept for the search (its source's pages given back:
+        read for the conversion only); None where the weight is small or the file cannot be written."""
+        weight = key[1] if isinstance(key, tuple) else key
+        source = self.weights[weight]
+        if int(np.asarray(source).nbytes) < weight_store.SHARE_MIN_BYTES:
+            return None
+        if rules.weight_rule_is_elementwise(self.storage):
+            paged = self._pages.put_converted(source, convert)
+        else:
+            paged = self._pages.put(convert(source))
+        if paged is not None:
+            self._paged[key] = paged
+            pages.release(source)
+        return paged
 
     def _widens(self, weight: str) -> bool:
         """Whether a session reads this weight's FP16 copy as FP16, widened by a Cast in the session, instead of
@@ -312,7 +347,7 @@ class NodeExecutor:
         weights: dict[str, np.ndarray] = {}
         rounded: set[str] = set()
         # A weight a Conv reads stays an FP32 initializer (its NCHWc kernel needs a constant; `_session`)
-        constant = {t for n in nodes if n.op_type in _CONSTANT_WEIGHT_OPS for t in n.input}
+        constant = {t for n in nodes if n.op_type in weight_store.BUILD_ONLY_OPS for t in n.input}
         for node, (reads, round_out) in zip(nodes, specs):
             core = onnx.NodeProto()
             core.CopyFrom(node)
@@ -377,7 +412,7 @@ class NodeExecutor:
         model = self.catalog.model
         shared: dict[str, np.ndarray] = {}
         fed: dict[str, np.ndarray] = {}
-        constant = {t for n in nodes if n.op_type in _CONSTANT_WEIGHT_OPS for t in n.input}
+        constant = {t for n in nodes if n.op_type in weight_store.BUILD_ONLY_OPS for t in n.input}
         initializers = []
         for t, v in weights.items():
             v = np.asarray(v)
@@ -429,7 +464,8 @@ class NodeExecutor:
         sess._bisector_shared = held  # type: ignore[attr-defined]  # the arrays must outlive the session
         sess._bisector_fed = fed  # type: ignore[attr-defined]  # weights fed on every run (`_run`)
         sess._bisector_converted = sum(int(np.asarray(v).nbytes) for t, v in weights.items()  # type: ignore[attr-defined]
-                                       if v is not self.weights.get(t))
+                                       if v is not self.weights.get(t) and not pages.file_backed(v))
+        _release(shared)  # ORT has its own copy now (where it has not, it reads ours again from the file)
         sess._bisector_copies = sum(int(v.nbytes) for v in shared.values())  # type: ignore[attr-defined]  # ORT's own
         self.sessions_built += 1
         self.build_seconds += time.perf_counter() - t0
@@ -450,14 +486,28 @@ class NodeExecutor:
         options = _SHRINK if shrink and _ARENA and _ARENA[0] else None
         pooled = getattr(sess, "_bisector_pooled", None)
         if pooled is None:
-            return sess.run(outputs, feed, options)
+            try:
+                return sess.run(outputs, feed, options)
+            finally:
+                self._give_back(fed)
         t0 = time.perf_counter()
-        out = sess.run(outputs, feed, options)
+        try:
+            out = sess.run(outputs, feed, options)
+        finally:
+            self._give_back(fed)
         sess._bisector_pooled = None  # type: ignore[attr-defined]
         cache = self._cache(key)
         if (time.perf_counter() - t0) * self.run_scale >= POOL_FROM_SECONDS and cache.get(key) is sess:
             cache[key] = pooled()
         return out
+
+    def _give_back(self, fed: Mapping[str, np.ndarray] | None) -> None:
+        """After a run, the pages of the weights it was fed, once the process has grown past SHRINK_ABOVE x its
+        peak before the search (below, keeping them costs nothing the budget cares about, and reading them back
+        on every run cost the 48-layer model's search 17% of its wall time; docs/benchmarks.md, "Scale,
+        seventeenth round")."""
+        if fed and _rss_bytes() > self._shrink_above:
+            _release(fed)
 
     # Evaluation threads (`--workers` on emulate) share these caches: each step below is one dict operation
     # (atomic under the GIL), and a key evicted by another thread in between is not an error. Two threads may
@@ -578,7 +628,6 @@ def _numpy_blocks() -> bool:
 
 # Ops whose weights stay constant initializers in a session: ORT's NCHWc layout kernels for Conv need them (a fed
 # weight would run the plain kernel, several times slower); other ops run the same kernel either way.
-_CONSTANT_WEIGHT_OPS = frozenset({"Conv", "ConvTranspose"})
 
 # Block variants kept: two per block (its all-FP32 and all-FP16 forms, what most evaluations reuse), or as many
 # as SESSION_BYTES each makes a quarter of the model's weights, at least MAX_SESSIONS. A variant costs ~150 KB besides its
@@ -617,6 +666,15 @@ def _pooled_input_bytes() -> int:
 _SHRINK = ort.RunOptions()
 _SHRINK.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
 SHRINK_ABOVE = 1.25
+
+
+def _release(weights: Mapping[str, np.ndarray] | None) -> None:
+    """Give back the pages of the file-backed weights a build or run has just read (`bisector.model.pages`): a
+    search then holds the weights of the blocks it is running, not all of them; the next reader faults them back
+    in from the page cache."""
+    if weights:
+        for v in weights.values():
+            pages.release(v)
 
 
 def _shrink_from_bytes() -> float:
