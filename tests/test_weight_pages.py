@@ -114,9 +114,9 @@ def test_a_full_disk_keeps_arrays_in_memory(monkeypatch):
     def full(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(os, "pwrite", full)
-    assert file.put(np.ones(5000, np.float32)) is None
-    monkeypatch.undo()
+    with monkeypatch.context() as m:
+        m.setattr(os, "pwrite", full)
+        assert file.put(np.ones(5000, np.float32)) is None
     assert file.put(np.ones(5000, np.float32)) is None  # a full disk stays full: no retry per array
 
 
@@ -251,3 +251,26 @@ def test_nothing_is_paged_into_a_tmpfs(monkeypatch):
     file = pages.PageFile()
     assert file.put(np.ones(5000, np.float32)) is None
     assert file.put_converted(np.ones(5000, np.float32), lambda a: a.astype(np.float16)) is None
+
+
+def test_a_disk_that_fills_during_the_search_keeps_results(tmp_path, monkeypatch):
+    """The model's weights paged at load, then the disk full for the FP16 copies: they are ordinary arrays
+    within the budget, as before, and every output is the same."""
+    path, _ = _conv_gemm_model(tmp_path)
+    x = {"x": np.random.default_rng(4).uniform(-1, 1, (1, 3, 8, 8)).astype(np.float32)}
+    outputs = []
+    for full in (False, True):
+        cat = Catalog.load(path)
+        assert pages.file_backed(cat.weight_arrays["g"])
+        be = EmulateBackend(block_size=2)
+        be.open(cat)
+        with monkeypatch.context() as m:
+            if full:
+                m.setattr(os, "pwrite", lambda *a, **k: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
+            outputs.append([be.run(p, x) for p in _all_plans(cat)])
+        assert bool(be.executor._paged) != full
+        assert not full or not any(pages.file_backed(v) for v in be.rounded_weights().values())
+        be.close()
+    for a, b in zip(*outputs):
+        for k in a:
+            np.testing.assert_array_equal(a[k], b[k])
