@@ -32,6 +32,7 @@ from bisector.model.graph import (
     weight_values,
 )
 from bisector.model import weights as weight_store
+from bisector.model import wire
 from bisector.model.optable import (
     NEVER_CANDIDATES,
     is_parameter_input,
@@ -74,14 +75,14 @@ class Catalog:
         with ThreadPoolExecutor(1) as pool:
             head = pool.submit(_hash_files, hashlib.sha256(), [path])
             try:
-                model, external = _load_model(path)
+                model, external, raw = _load_model(path)
                 _check_reserved_names(model.graph, path)  # a user's model (mixed models built in memory are exempt)
                 from bisector.files import protect
 
                 protect(path, "the input model")  # no output of this process may overwrite it (-o, --json, ...)
                 digest = pool.submit(lambda: _hash_files(head.result(), _external_locations(path, model)))
                 files = tuple(weight_store.external_files(model, path.parent))
-                model, arrays = weight_store.detach(model, path)  # the parsed weights go with the old protobuf
+                model, arrays = weight_store.detach(model, path, raw)  # the parsed weights go with the old protobuf
                 weight_store.page_inline(arrays)
                 catalog = cls.from_model(model, path=path, sha256="pending")
             except BaseException:
@@ -281,16 +282,26 @@ def _check_model_file(path: Path) -> None:
         raise UsageError(f"{path} is empty, not an ONNX model")
 
 
-def _load_model(path: Path) -> tuple[onnx.ModelProto, bool]:
+def _load_model(path: Path) -> tuple[onnx.ModelProto, bool, dict[int, wire.RawData]]:
+    """The parsed model (without external data), whether it has external data, and the initializers whose
+    raw_data was left in the file (`bisector.model.wire`: parsing it would hold the weights twice)."""
     _check_model_file(path)
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception as exc:  # protobuf raises DecodeError and friends
-        raise UsageError(f"{path} is not a readable ONNX model ({type(exc).__name__}: {exc})") from None
+    model, raw = None, {}
+    light = wire.read_without_weights(path, weight_store.NUMPY_TYPES, weight_store.DETACH_MIN_BYTES)
+    if light is not None:
+        try:
+            model, raw = onnx.ModelProto.FromString(light[0]), light[1]
+        except Exception:  # noqa: BLE001 - the plain parse below says what is wrong with the file
+            model, raw = None, {}
+    if model is None:
+        try:
+            model = onnx.load(str(path), load_external_data=False)
+        except Exception as exc:  # protobuf raises DecodeError and friends
+            raise UsageError(f"{path} is not a readable ONNX model ({type(exc).__name__}: {exc})") from None
     if not model.graph.node and not model.graph.output:
         raise UsageError(f"{path} is not a readable ONNX model (no graph)")
     # External data is not loaded here: `weights.detach` maps it from its files (one copy, the file's pages).
-    return model, any(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer)
+    return model, any(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer), raw
 
 
 def _external_locations(path: Path, model: onnx.ModelProto) -> list[Path]:

@@ -21,8 +21,9 @@ from __future__ import annotations
 import mmap
 import os
 import tempfile
+import itertools
 import threading
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -57,49 +58,54 @@ class PageFile:
         """A read-only copy of `array` in the file (same dtype, shape and values), or None where it cannot be
         written. Arrays start on a page boundary, so that releasing one drops no page of another."""
         a = np.ascontiguousarray(array)
-        if a.dtype.hasobject or a.nbytes == 0 or _off():
+        if a.dtype.hasobject or a.nbytes == 0:
             return None
-        try:
-            with self._lock:
-                if self._failed:
-                    return None
-                segment, offset = self._reserve(a.nbytes)
-                data = memoryview(a.reshape(-1).view(np.uint8))
-                done = 0
-                while done < len(data):
-                    done += os.pwrite(self._fd, data[done:], self._segment_start + offset + done)
-        except (OSError, ValueError):
-            self._failed = True  # a full disk stays full: later arrays stay in memory without trying
-            return None
-        return np.frombuffer(segment, a.dtype, a.size, offset).reshape(a.shape)
+        view = self.put_pieces(a.nbytes, iter([a]))
+        return None if view is None else view.view(a.dtype).reshape(a.shape)
 
     def put_converted(self, source: np.ndarray, convert: Callable[[np.ndarray], np.ndarray]) -> np.ndarray | None:
         """`put(convert(source))` for an elementwise `convert`, converted and written a slice at a time: no
         whole-size array is made (a fresh array's first touch cost as much as writing it to the file: an FP16 copy
         of a 1.27 GB model's weights took 1.0 s more written whole than converted into the file)."""
         flat = np.ascontiguousarray(source).reshape(-1)
-        step = max(1, CONVERT_SLICE_BYTES // max(flat.itemsize, 1))
-        first = np.asarray(convert(flat[:step]))
-        if first.dtype.hasobject or flat.size == 0 or _off():
+        if flat.size == 0:
             return None
-        nbytes = flat.size * first.dtype.itemsize
+        step = max(1, CONVERT_SLICE_BYTES // max(flat.itemsize, 1))
+        first = np.ascontiguousarray(convert(flat[:step]))
+        if first.dtype.hasobject:
+            return None
+        rest = (np.ascontiguousarray(convert(flat[start : start + step])) for start in range(step, flat.size, step))
+        view = self.put_pieces(flat.size * first.dtype.itemsize, itertools.chain([first], rest))
+        return None if view is None else view.view(first.dtype).reshape(np.shape(source))
+
+    def put_pieces(self, nbytes: int, pieces: Iterator) -> np.ndarray | None:
+        """`nbytes` written from `pieces` (buffers, in order) as one read-only uint8 array in the file, or None
+        where it cannot be written (or the pieces hold another number of bytes)."""
+        if nbytes <= 0 or _off():
+            return None
         try:
             with self._lock:
                 if self._failed:
                     return None
                 segment, offset = self._reserve(nbytes)
                 at = self._segment_start + offset
-                for start in range(0, flat.size, step):
-                    part = first if start == 0 else np.ascontiguousarray(convert(flat[start : start + step]))
-                    data = memoryview(part.reshape(-1).view(np.uint8))
+                end = at + nbytes
+                for piece in pieces:
+                    if isinstance(piece, np.ndarray):  # any dtype and byte order: its bytes as they are
+                        piece = np.ascontiguousarray(piece).reshape(-1).view(np.uint8)
+                    data = memoryview(piece).cast("B")
+                    if at + len(data) > end:
+                        return None
                     done = 0
                     while done < len(data):
                         done += os.pwrite(self._fd, data[done:], at + done)
                     at += len(data)
+                if at != end:
+                    return None
         except (OSError, ValueError):
-            self._failed = True
+            self._failed = True  # a full disk stays full: later arrays stay in memory without trying
             return None
-        return np.frombuffer(segment, first.dtype, flat.size, offset).reshape(np.shape(source))
+        return np.frombuffer(segment, np.uint8, nbytes, offset)
 
     def _reserve(self, nbytes: int) -> tuple[mmap.mmap, int]:
         """(segment, offset in it) with room for `nbytes`, mapping a new segment where the current one is full."""

@@ -20,6 +20,7 @@ protobuf, built only where a writer or a foreign parser needs one); ORT sessions
 from __future__ import annotations
 
 import math
+import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping
@@ -29,7 +30,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from bisector.errors import UsageError
-from bisector.model import pages
+from bisector.model import pages, wire
 from bisector.model.graph import constant_tensor, copy_without, copy_without_initializers
 
 # Ops whose fast ONNX Runtime CPU kernels need their weights as constants (Conv's NCHWc layout: several times
@@ -41,11 +42,11 @@ IN_MEMORY = "bisector-in-memory"  # the external-data location of a stub whose v
 DETACH_MIN_BYTES = 4096  # smaller initializers stay inline: shape constants and scalars, cheap to keep twice
 
 # ONNX element types numpy holds natively (bfloat16, float8 and int4 are not: those stay inline in the protobuf).
-_NUMPY_TYPES = {
+NUMPY_TYPES = frozenset({
     TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.INT8, TensorProto.INT16,
     TensorProto.INT32, TensorProto.INT64, TensorProto.UINT8, TensorProto.UINT16, TensorProto.UINT32,
     TensorProto.UINT64, TensorProto.BOOL,
-}
+})
 
 
 def stub(name: str, data_type: int, dims: Iterable[int]) -> TensorProto:
@@ -90,33 +91,101 @@ def _mapped(t: TensorProto, info: dict[str, str], base: Path, model_path: Path) 
     return np.memmap(path, dtype=dtype.newbyteorder("<"), mode="r", offset=offset, shape=shape)
 
 
-def detach(model: onnx.ModelProto, model_path: Path) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+def detach(model: onnx.ModelProto, model_path: Path, raw: Mapping[int, wire.RawData] | None = None,
+           ) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """The model with its large top-level initializers replaced by stubs, and their values.
 
     `model` was loaded without its external data: external initializers are mapped from their files, inline ones
-    converted. Initializers numpy cannot hold, and external ones of such types, are loaded into the protobuf
-    as onnx would (they are rare and small in practice)."""
+    converted. `raw`: the initializers (by index) whose raw_data the reader left in the file (`wire`), copied
+    from there one at a time. Initializers numpy cannot hold, and external ones of such types, are loaded into
+    the protobuf as onnx would (they are rare and small in practice)."""
     light = copy_without(model, ("initializer", "node"))
     values: dict[str, np.ndarray] = {}
     base = model_path.parent
     _nodes_with_constants_as_stubs(model, light, values)
-    for init in model.graph.initializer:
-        info = _external(init)
-        if init.data_type in _NUMPY_TYPES and (info is not None or _value_bytes(init) >= DETACH_MIN_BYTES):
-            values[init.name] = (_mapped(init, info, base, model_path) if info is not None
-                                 else numpy_helper.to_array(init))
-            light.graph.initializer.append(stub(init.name, init.data_type, init.dims))
-            continue
-        kept = light.graph.initializer.add()
-        kept.CopyFrom(init)
-        if info is not None:
-            try:
-                from onnx.external_data_helper import load_external_data_for_tensor
-
-                load_external_data_for_tensor(kept, str(base))
-            except Exception as exc:  # noqa: BLE001 - onnx raises several kinds
-                raise UsageError(f"{model_path}: cannot load its external data files ({exc})") from None
+    with _InFile(model_path, raw) as in_file:
+        for index, init in enumerate(model.graph.initializer):
+            if index in in_file.raw:
+                values[init.name] = in_file.value(init, index)
+                light.graph.initializer.append(stub(init.name, init.data_type, init.dims))
+                continue
+            info = _external(init)
+            if init.data_type in NUMPY_TYPES and (info is not None or _value_bytes(init) >= DETACH_MIN_BYTES):
+                values[init.name] = (_mapped(init, info, base, model_path) if info is not None
+                                     else numpy_helper.to_array(init))
+                light.graph.initializer.append(stub(init.name, init.data_type, init.dims))
+                continue
+            _keep_inline(light, init, info, base, model_path)
     return light, values
+
+
+def _keep_inline(light: onnx.ModelProto, init: TensorProto, info, base: Path, model_path: Path) -> None:
+    kept = light.graph.initializer.add()
+    kept.CopyFrom(init)
+    if info is not None:
+        try:
+            from onnx.external_data_helper import load_external_data_for_tensor
+
+            load_external_data_for_tensor(kept, str(base))
+        except Exception as exc:  # noqa: BLE001 - onnx raises several kinds
+            raise UsageError(f"{model_path}: cannot load its external data files ({exc})") from None
+
+
+class _InFile:
+    """The initializers whose raw_data `wire.read_without_weights` left in the model file, copied from there one
+    at a time (pread, a few MB at a time) into a page file, or into an array where there is none: the process
+    never holds more than one tensor of the file at once, nor the file's pages (no memory map of it)."""
+
+    CHUNK = 4 << 20
+
+    def __init__(self, model_path: Path, raw: Mapping[int, wire.RawData] | None):
+        self.path, self.raw = model_path, dict(raw or {})
+        self._file = None
+        self._pages = pages.PageFile()
+
+    def __enter__(self) -> "_InFile":
+        if self.raw:
+            self._file = open(self.path, "rb")
+        return self
+
+    def value(self, init: TensorProto, index: int) -> np.ndarray:
+        where = self.raw[index]
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(init.data_type)).newbyteorder("<")
+        shape = tuple(int(d) for d in init.dims)
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes != where.length:
+            raise UsageError(f"{self.path} is not a readable ONNX model (initializer {init.name!r} holds "
+                             f"{where.length} bytes of data; its type and dims need {nbytes})")
+        copy = self._pages.put_pieces(where.length, _pieces(self._file.fileno(), where, self.CHUNK))
+        if copy is None:
+            copy = np.empty(where.length, np.uint8)
+            _read_into(self._file.fileno(), where.offset, memoryview(copy))
+        return copy.view(dtype).reshape(shape)
+
+    def __exit__(self, *exc) -> None:
+        self._pages.close()
+        if self._file is not None:
+            self._file.close()
+
+
+def _pieces(fd: int, where: wire.RawData, chunk: int) -> Iterator[bytes]:
+    """A file's bytes at `where`, a chunk at a time (pread: the process holds one chunk, not the file's pages)."""
+    pos, end = where.offset, where.offset + where.length
+    while pos < end:
+        data = os.pread(fd, min(chunk, end - pos), pos)
+        if not data:
+            raise UsageError(f"the model file ended while reading a weight at byte {pos}")
+        yield data
+        pos += len(data)
+
+
+def _read_into(fd: int, offset: int, view: memoryview) -> None:
+    done = 0
+    while done < len(view):
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n <= 0:
+            raise UsageError(f"the model file ended while reading a weight at byte {offset + done}")
+        done += n
 
 
 def page_inline(values: dict[str, np.ndarray]) -> int:
@@ -154,7 +223,7 @@ def _nodes_with_constants_as_stubs(model: onnx.ModelProto, light: onnx.ModelProt
 
 def _large_constant_value(node: onnx.NodeProto) -> TensorProto | None:
     t = constant_tensor(node)
-    if t is None or t.data_type not in _NUMPY_TYPES or t.data_location == TensorProto.EXTERNAL or t.segment.ListFields():
+    if t is None or t.data_type not in NUMPY_TYPES or t.data_location == TensorProto.EXTERNAL or t.segment.ListFields():
         return None
     return t if _value_bytes(t) >= DETACH_MIN_BYTES else None
 
@@ -307,6 +376,10 @@ def ort_session(model: onnx.ModelProto, values: Mapping[str, np.ndarray], opts, 
         held = share_into(opts, model.graph, values)
     session = ort.InferenceSession(model.SerializeToString(), opts, providers=providers)
     session._bisector_shared = held  # type: ignore[attr-defined]  # the arrays must outlive the session
+    # ORT has packed or copied most of them now (prepacking is on here); what a kernel reads at run time (a
+    # Gather's table, an Add's operand) comes back from the file's pages as it is read
+    for name in (t.name for t in model.graph.initializer if is_stub(t)):
+        pages.release(values[name])
     return session
 
 
