@@ -274,3 +274,22 @@ def test_a_disk_that_fills_during_the_search_keeps_results(tmp_path, monkeypatch
     for a, b in zip(*outputs):
         for k in a:
             np.testing.assert_array_equal(a[k], b[k])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+def test_pages_go_back_while_a_call_reads_them_one_by_one():
+    """`releasing`: a reader that touches 8 arrays of 16 MiB one after another, slowly, never holds them all."""
+    import time
+
+    file = pages.PageFile()
+    arrays = [file.put(np.full(4 << 20, i, np.float32)) for i in range(8)]
+    base = _rss_bytes()
+    grown = []
+    with pages.releasing(arrays, every=0.01):
+        for i, a in enumerate(arrays):
+            assert float(a[::1024].sum()) == i * a.size // 1024
+            assert float(a.sum()) == i * a.size
+            time.sleep(0.05)
+            grown.append(_rss_bytes() - base)
+    assert max(grown) < 40 << 20, grown  # all eight: 128 MiB
+    assert _rss_bytes() - base < 8 << 20  # and nothing after

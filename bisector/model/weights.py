@@ -374,12 +374,12 @@ def ort_session(model: onnx.ModelProto, values: Mapping[str, np.ndarray], opts, 
     held = []
     if any(is_stub(t) for t in model.graph.initializer):
         held = share_into(opts, model.graph, values)
-    session = ort.InferenceSession(model.SerializeToString(), opts, providers=providers)
+    # ORT packs or copies most weights while it builds the session (prepacking is on here) and reads each once:
+    # their pages go back as it goes, so the process does not hold all of them beside all the packed copies;
+    # what a kernel reads at run time (a Gather's table, an Add's operand) comes back from the file as it is read
+    with pages.releasing([values[t.name] for t in model.graph.initializer if is_stub(t)]):
+        session = ort.InferenceSession(model.SerializeToString(), opts, providers=providers)
     session._bisector_shared = held  # type: ignore[attr-defined]  # the arrays must outlive the session
-    # ORT has packed or copied most of them now (prepacking is on here); what a kernel reads at run time (a
-    # Gather's table, an Add's operand) comes back from the file's pages as it is read
-    for name in (t.name for t in model.graph.initializer if is_stub(t)):
-        pages.release(values[name])
     return session
 
 
