@@ -164,3 +164,13 @@ def test_loading_holds_one_tensor_at_a_time(tmp_path):
         assert grown["1"] < 120e6  # no page file on a tmpfs: the arrays alone
     else:
         assert grown["1"] < 40e6, grown
+
+
+def test_a_weight_whose_bytes_do_not_fit_its_dims_is_a_clear_error_on_the_plain_parse_too(tmp_path, monkeypatch):
+    monkeypatch.setenv(pages.ENV, "0")
+    t = numpy_helper.from_array(np.ones((32, 32), np.float32), "w")
+    t.dims[:] = [32, 33]
+    path = tmp_path / "bad.onnx"
+    path.write_bytes(_model([t]).SerializeToString())
+    with pytest.raises(UsageError, match="not a readable ONNX model \\(initializer 'w'"):
+        Catalog.load(path)

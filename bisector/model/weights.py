@@ -112,11 +112,18 @@ def detach(model: onnx.ModelProto, model_path: Path, raw: Mapping[int, wire.RawD
             info = _external(init)
             if init.data_type in NUMPY_TYPES and (info is not None or _value_bytes(init) >= DETACH_MIN_BYTES):
                 values[init.name] = (_mapped(init, info, base, model_path) if info is not None
-                                     else numpy_helper.to_array(init))
+                                     else _inline_array(init, model_path))
                 light.graph.initializer.append(stub(init.name, init.data_type, init.dims))
                 continue
             _keep_inline(light, init, info, base, model_path)
     return light, values
+
+
+def _inline_array(init: TensorProto, model_path: Path) -> np.ndarray:
+    try:
+        return numpy_helper.to_array(init)
+    except ValueError as exc:  # its data does not fit its dims (numpy: "cannot reshape array of size ...")
+        raise UsageError(f"{model_path} is not a readable ONNX model (initializer {init.name!r}: {exc})") from None
 
 
 def _keep_inline(light: onnx.ModelProto, init: TensorProto, info, base: Path, model_path: Path) -> None:
