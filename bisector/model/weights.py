@@ -334,13 +334,7 @@ def _key(message, field: str) -> bytes:
     return _varint(message.DESCRIPTOR.fields_by_name[field].number << 3 | 2)
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        low, n = n & 0x7F, n >> 7
-        out.append(low | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
+_varint = wire.varint
 
 
 # Weights of this size and up reach a session as the caller's arrays; below, serialising them costs nothing.

@@ -142,8 +142,9 @@ class NodeExecutor:
         return opts
 
     def converted(self, weight: str) -> np.ndarray:
-        """A weight as an FP16 (BF16) reader holds it (`rules.round_weight_as`), computed once while a session or
-        the recent-use list holds it."""
+        """A weight as an FP16 (BF16) reader holds it (`rules.round_weight_as`): computed once and kept in the page
+        file for the search (`_paged_conversion`), or, where that cannot be written, computed once while a session
+        or the recent-use list holds it."""
         w = self._paged.get(weight)
         if w is not None:
             return w
@@ -159,8 +160,7 @@ class NodeExecutor:
 
     def converted_half(self, weight: str) -> np.ndarray:
         """`converted` as the FP16 array itself (`rules.weight_rule`: the same values, half the bytes), for a
-        session that widens it with a Cast (`compose`); computed once while a session or the recent-use list
-        holds it."""
+        session that widens it with a Cast (`compose`); kept as `converted` is."""
         w = self._paged.get(("half", weight))  # a key no weight name is
         if w is not None:
             return w
@@ -625,9 +625,6 @@ def _all_exact(specs: tuple) -> bool:
 def _numpy_blocks() -> bool:
     return os.environ.get("BISECTOR_NUMPY_BLOCKS", "1").strip() != "0"
 
-
-# Ops whose weights stay constant initializers in a session: ORT's NCHWc layout kernels for Conv need them (a fed
-# weight would run the plain kernel, several times slower); other ops run the same kernel either way.
 
 # Block variants kept: two per block (its all-FP32 and all-FP16 forms, what most evaluations reuse), or as many
 # as SESSION_BYTES each makes a quarter of the model's weights, at least MAX_SESSIONS. A variant costs ~150 KB besides its
