@@ -174,3 +174,33 @@ def test_a_weight_whose_bytes_do_not_fit_its_dims_is_a_clear_error_on_the_plain_
     path.write_bytes(_model([t]).SerializeToString())
     with pytest.raises(UsageError, match="not a readable ONNX model \\(initializer 'w'"):
         Catalog.load(path)
+
+
+def test_random_models_with_odd_names_load_as_onnx_load_gives(tmp_path, monkeypatch):
+    """Thirty random models: initializer names with quotes, newlines, slashes, 10k characters; every numpy type;
+    sizes either side of the 4 KiB line; doc strings and metadata around the graph."""
+    rng = np.random.default_rng(11)
+    dtypes = [np.float32, np.float16, np.float64, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
+              np.uint32, np.uint64, np.bool_]
+    odd = ['w"1', "w\n2", "a/b[0]:c", "é ü", "x" * 10_000, "", "w'3\\"]
+    for case in range(30):
+        inits = []
+        for i in range(int(rng.integers(1, 8))):
+            dtype = dtypes[int(rng.integers(len(dtypes)))]
+            n = int(rng.choice([1, 100, 1023, 1024, 1025, 5000, 40_000]))
+            a = (rng.standard_normal(n) * 50).astype(dtype) if dtype != np.bool_ else rng.random(n) < 0.5
+            name = f"{odd[int(rng.integers(len(odd)))]}#{i}"
+            inits.append(numpy_helper.from_array(a.reshape(-1, 1) if n % 2 else a, name))
+        model = _model(inits)
+        model.doc_string = "d" * int(rng.integers(0, 3000))
+        onnx.helper.set_model_props(model, {"k": "v" * int(rng.integers(0, 100))})
+        path = tmp_path / f"r{case}.onnx"
+        onnx.save(model, path)
+        monkeypatch.setenv(pages.ENV, "1")
+        a = Catalog.load(path)
+        monkeypatch.setenv(pages.ENV, "0")
+        b = Catalog.load(path)
+        assert a.model == b.model, case
+        for t in model.graph.initializer:
+            va, vb = a.value(t.name), b.value(t.name)
+            assert va.dtype == vb.dtype and va.shape == vb.shape and va.tobytes() == vb.tobytes(), (case, t.name)
