@@ -101,3 +101,20 @@ def test_inspect_lists_the_files_nodes_when_weights_are_constant_nodes(tmp_path)
     assert all(n["status"] == "skipped" for n in doc["nodes"] if n["op"] == "Constant")
     const_row = next(r for r in doc["op_histogram"] if r["op"] == "Constant")
     assert const_row["count"] == len(consts)
+
+
+def test_inspect_lists_the_files_nodes_read_without_their_weights(tmp_path, monkeypatch):
+    """The file's nodes come from its protobuf read without the large initializers' bytes (`read_graph`): the
+    same rows as from a whole parse, an unnamed node included."""
+    from bisector.app.inspect import inspect
+    from bisector.model import pages
+
+    model = onnx.load(str(FIXTURES / "exported" / "cnn.onnx"))
+    model.graph.node[1].name = ""
+    onnx.save(model, tmp_path / "m.onnx")
+    docs = []
+    for switch in ("1", "0"):  # "0": onnx.load, as before
+        monkeypatch.setenv(pages.ENV, switch)
+        docs.append(inspect(tmp_path / "m.onnx"))
+    assert docs[0]["nodes"] == docs[1]["nodes"]
+    assert [n["op"] for n in docs[0]["nodes"]] == [n.op_type for n in model.graph.node]

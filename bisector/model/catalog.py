@@ -282,6 +282,12 @@ def _check_model_file(path: Path) -> None:
         raise UsageError(f"{path} is empty, not an ONNX model")
 
 
+def read_graph(path: Path) -> onnx.ModelProto:
+    """The model file's protobuf as written, for its structure (nodes, names): the large initializers' raw_data
+    may be left in the file (`_load_model`), so never read weight values from it."""
+    return _load_model(path)[0]
+
+
 def _load_model(path: Path) -> tuple[onnx.ModelProto, bool, dict[int, wire.RawData]]:
     """The parsed model (without external data), whether it has external data, and the initializers whose
     raw_data was left in the file (`bisector.model.wire`: parsing it would hold the weights twice)."""
