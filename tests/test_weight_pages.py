@@ -293,3 +293,21 @@ def test_pages_go_back_while_a_call_reads_them_one_by_one():
             grown.append(_rss_bytes() - base)
     assert max(grown) < 40 << 20, grown  # all eight: 128 MiB
     assert _rss_bytes() - base < 8 << 20  # and nothing after
+
+
+def test_writing_gives_back_each_source_once_written(monkeypatch):
+    """`weights.in_turn` (the mixed model's writer): after the caller has a value, the pages it came from go
+    back — the array itself, or an FP16 copy's source — and not before."""
+    from bisector.fp16.mixed import FP16Copy
+    from bisector.model import weights
+
+    file = pages.PageFile()
+    a, b = file.put(np.ones(5000, np.float32)), file.put(np.full(5000, 2, np.float32))
+    released = []
+    real = pages.release
+    monkeypatch.setattr(pages, "release", lambda v: (released.append(id(v)), real(v)))
+    seen = []
+    for out in weights.in_turn([a, FP16Copy(b)]):
+        seen.append((out.dtype, float(out.sum()), list(released)))
+    assert seen[0][2] == [] and id(a) in seen[1][2] and id(b) not in seen[1][2]
+    assert id(b) in released and seen[1][:2] == (np.float16, 10000.0)
