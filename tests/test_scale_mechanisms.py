@@ -548,6 +548,34 @@ def test_sessions_on_inputs_of_several_mb_start_with_their_pool(monkeypatch):
     gc.collect()  # the pooled sessions' threads go now, not during a later test that counts threads
 
 
+def test_a_session_built_on_part_of_the_batch_starts_with_the_pool_the_batch_needs(monkeypatch):
+    """A screen's item or the ranking's sample builds the block sessions the whole batch then runs: their inputs
+    count at the batch's size, so a session whose batch input passes the threshold starts with its pool instead
+    of being built again after the batch's first run (a 16-image classifier: 216 sessions built twice)."""
+    from bisector.backends.emulate import executor as ex
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import emulate_speed
+
+    monkeypatch.setattr(ex, "POOL_FROM_SECONDS", float("inf"))  # the first-run rule alone would never pool
+    monkeypatch.setenv("BISECTOR_POOLED_INPUT_MB", "1")
+    model, _ = emulate_speed.build_model(2, 48, 32)  # 288 KB maps (32 x 48 x 48) per item
+    cat = Catalog.from_model(model)
+    x = np.random.default_rng(4).uniform(0, 1, (1, 3, 48, 48)).astype(np.float32)
+    for scale, pooled in ((1.0, False), (8.0, True)):  # one item of one, one item of eight (2.3 MB maps)
+        be = EmulateBackend(block_size=4, threads=2)
+        be.open(cat)
+        with be.part_of_the_batch(scale):
+            be.run(Plan(frozenset(), cat.candidates), {"x": x})
+        threads = {s.get_session_options().intra_op_num_threads for s in be.executor._sessions.values()}
+        assert (2 in threads) is pooled, (scale, threads)
+        be.close()
+        del be
+    import gc
+
+    gc.collect()  # the pooled sessions' threads go now, not during a later test that counts threads
+
+
 @pytest.mark.parametrize("storage", ["fp16", "bf16"])
 def test_fed_weights_are_held_as_fp16_and_widened_in_the_session(storage):
     """Under FP16 storage a weight fed to a block session is its FP16 copy (half the bytes of an FP32 array of

@@ -438,7 +438,10 @@ class NodeExecutor:
         # 12-layer transformer's search: 12 MB on 2 cores, ~100 MB on 16). A session therefore starts on the
         # caller's thread alone and gets a pool only once its first run shows work worth splitting (`_run`);
         # sessions on small tensors never do (ORT does not split them).
-        largest_input = max((np.asarray(v).nbytes for v in inputs.values()), default=0)
+        # A run on part of the batch (a screen's item, the ranking's sample) builds the session the whole batch
+        # runs too: its inputs count at the batch's size (`run_scale`), or most sessions a screen built on a
+        # 16-image batch started alone and were built again with their pool after the batch's first run
+        largest_input = int(max((np.asarray(v).nbytes for v in inputs.values()), default=0) * self.run_scale)
         weight_bytes = sum(np.asarray(v).nbytes for v in weights.values())
         small = largest_input < _SMALL_TENSOR_BYTES and weight_bytes < _SMALL_WEIGHT_BYTES
         # Large inputs through large weights (a transformer layer's MatMuls over a sequence): the first run is
@@ -506,7 +509,7 @@ class NodeExecutor:
         peak before the search (below, keeping them costs nothing the budget cares about, and reading them back
         on every run cost the 48-layer model's search 17% of its wall time; docs/benchmarks.md, "Scale,
         seventeenth round")."""
-        if fed and _rss_bytes() > self._shrink_above:
+        if fed and _grown_past(self._shrink_above):
             _release(fed)
 
     # Evaluation threads (`--workers` on emulate) share these caches: each step below is one dict operation
@@ -568,7 +571,7 @@ class NodeExecutor:
             sess = self._keep(key, self._session(
                 nodes, f"block {block.index} ({block.nodes[0].name}..{block.nodes[-1].name})", feed, weights,
                 list(block.outputs)))
-        shrink = (self._shrink_from < float("inf") and _rss_bytes() > self._shrink_above
+        shrink = (self._shrink_from < float("inf") and _grown_past(self._shrink_above)
                   and sum(int(getattr(v, "nbytes", 0)) for v in feed.values()) >= self._shrink_from)
         try:
             return self._run(key, sess, None, feed, shrink)
@@ -648,8 +651,10 @@ _ARENA: list[bool] = []  # [registered?], once per process
 
 
 def _pooled_input_bytes() -> int:
-    """A session with an input this large starts with its intra-op pool: BISECTOR_POOLED_INPUT_MB, else 4 MB."""
-    return int(float(os.environ.get("BISECTOR_POOLED_INPUT_MB", "4")) * 2**20)
+    """A session with an input this large starts with its intra-op pool: BISECTOR_POOLED_INPUT_MB, else 1 MB (4 MB
+    until the eighteenth round: a 16-image classifier's search built 216 of its 599 sessions twice at 4 MB, 40 at
+    1 MB; docs/benchmarks.md, "Scale, eighteenth round")."""
+    return int(float(os.environ.get("BISECTOR_POOLED_INPUT_MB", "1")) * 2**20)
 
 
 # The shared arena extends by exactly what each request needs, so blocks whose activations come in many sizes
@@ -689,6 +694,13 @@ def _rss_bytes() -> int:
             return int(f.read().split()[1]) * _PAGE
     except (OSError, ValueError, IndexError):
         return 0
+
+
+def _grown_past(limit: float) -> bool:
+    """Whether the process's resident memory is now above `limit`. Asked before every block run: the peak so far
+    (one system call) answers most of them, since memory now cannot be above a peak that is not; /proc is read
+    only past it (reading it twice per block run was 2% of a transformer's search)."""
+    return _peak_rss_bytes() > limit and _rss_bytes() > limit
 
 
 def _peak_rss_bytes() -> int:
