@@ -19,7 +19,7 @@ LAYERS = [
     ("backends",),
     ("fp16",),
     ("model", "costs"),
-    ("compare", "values", "files", "errors", "budget", "text", "cores", "heap"),
+    ("compare", "values", "files", "errors", "budget", "text", "cores", "heap", "ort_pool"),
 ]
 RANK = {name: i for i, names in enumerate(LAYERS) for name in names}
 

@@ -27,6 +27,7 @@ from bisector.errors import UsageError
 from bisector.model.catalog import Catalog
 from bisector.model.polyjson import Feeds
 from bisector.model.weights import ort_session
+from bisector import ort_pool
 
 log = logging.getLogger("bisector")
 
@@ -257,7 +258,7 @@ def _run_onnxrt(catalog: Catalog, feeds_list: Sequence[Feeds], names: list[str])
         model = copy.deepcopy(model)
         for t in extra:
             model.graph.output.append(helper.make_empty_tensor_value_info(t))
-    opts = ort.SessionOptions()
+    opts = ort_pool.session_options()
     opts.log_severity_level = 3
     try:
         session = ort_session(model, catalog.weight_arrays, opts, ["CPUExecutionProvider"])

@@ -381,8 +381,10 @@ def machine_description() -> dict[str, str]:
         isa = " ".join(x for x in ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile") if x in flags)
     except OSError:
         isa = ""
+    from bisector import ort_pool
+
     return {"cpu": cpu, "isa": isa or platform.machine(), "onnxruntime": onnxruntime.__version__,
-            "python": platform.python_version()}
+            "python": platform.python_version(), "ort_threads": ort_pool.describe()}
 
 
 def _load_scores(source: str, candidates) -> dict[str, float]:

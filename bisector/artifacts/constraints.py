@@ -61,8 +61,8 @@ class Constraints(BaseModel):
                                         "bisector.costs) of the set and of all candidates")
     confirmed_on: Optional[str] = Field(None, description="the backend that re-judged (and, where needed, extended) "
                                         "the final set with --confirm-on")
-    machine: dict[str, str] = Field(default_factory=dict, description="CPU, instruction set and ONNX Runtime "
-                                    "version the verdicts were measured with")
+    machine: dict[str, str] = Field(default_factory=dict, description="CPU, instruction set, ONNX Runtime "
+                                    "version and its threads (`ort_threads`) the verdicts were measured with")
     worst_input_set: int = Field(0, description="index of the input set on which the final plan is furthest from "
                                  "tolerance (a plan passes only if it passes on every set)")
 

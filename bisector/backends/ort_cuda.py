@@ -185,7 +185,9 @@ class OrtCudaBackend:
         return [cuda, CPU_EP] if allow_cpu else [cuda]
 
     def _options(self, strict: bool, profile: bool):
-        so = self.ort.SessionOptions()
+        from bisector import ort_pool
+
+        so = ort_pool.session_options()  # the process's choice of pool (bisector.ort_pool), as every session
         level = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
                  "all": "ORT_ENABLE_ALL"}.get(self.graph_optimization)
         if level is None:
@@ -294,7 +296,9 @@ class OrtCudaBackend:
         y = helper.make_tensor_value_info("y", TensorProto.FLOAT16, [1])
         g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "probe", [x], [y])
         m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
-        so = self.ort.SessionOptions()
+        from bisector import ort_pool
+
+        so = ort_pool.session_options()
         so.log_severity_level = 4
         try:
             sess = self.ort.InferenceSession(m.SerializeToString(), so, providers=self._providers(allow_cpu=True))

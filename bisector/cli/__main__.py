@@ -1,5 +1,5 @@
 import sys
 
-from bisector.cli.main import main
+from bisector.cli.main import entry
 
-sys.exit(main())
+sys.exit(entry())

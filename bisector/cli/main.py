@@ -64,6 +64,16 @@ class Interrupted(BaseException):
     "Aborted!") does not swallow, so it reaches the boundary and becomes exit 130."""
 
 
+def entry() -> int:
+    """The `bisector` command and `python -m bisector.cli`: a process bisector owns, whose ONNX Runtime sessions
+    share one intra-op pool (bisector.ort_pool; `main` alone, as tests and programs call it, leaves the choice
+    to the process)."""
+    from bisector import ort_pool
+
+    ort_pool.own_process()
+    return main()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console entry point: Polygraphy-style argv, documented exit codes, no traceback unless --verbose.
 

@@ -30,7 +30,11 @@ class on_this_thread:
 
 
 def _session(kind: str):
-    key = (kind, bool(getattr(_LOCAL, "alone", False)))
+    # On the shared pool (bisector.ort_pool) no session may keep a thread of its own: there the conversions of a
+    # background thread run on the pool too (ORT converts a weight in milliseconds: little for the search to share)
+    from bisector import ort_pool
+
+    key = (kind, bool(getattr(_LOCAL, "alone", False)) and not ort_pool.shared())
     sess = _SESSIONS.get(key)
     if sess is None:
         with _LOCK:
@@ -39,6 +43,7 @@ def _session(kind: str):
                 import onnxruntime as ort
                 from onnx import TensorProto, helper
 
+                from bisector import ort_pool
                 from bisector.cores import usable_cores
 
                 nodes = [helper.make_node("Cast", ["a"], ["h" if kind == "round" else "y"], to=TensorProto.FLOAT16)]
@@ -49,8 +54,7 @@ def _session(kind: str):
                 graph = helper.make_graph(nodes, "fastcast", [helper.make_tensor_value_info("a", TensorProto.FLOAT, None)],
                                           [helper.make_tensor_value_info("y", out, None)])
                 model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-                opts = ort.SessionOptions()
-                opts.intra_op_num_threads = 1 if key[1] else usable_cores()
+                opts = ort_pool.session_options(1 if key[1] else usable_cores())
                 opts.log_severity_level = 3
                 opts.enable_cpu_mem_arena = False  # an arena would keep the largest weight's buffers for good
                 # the Cast pair is the point: no optimiser may fold it away

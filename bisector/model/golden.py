@@ -18,6 +18,7 @@ from typing import Sequence
 import numpy as np
 import onnxruntime as ort
 
+from bisector import ort_pool
 from bisector.model import catalog as _catalog
 from bisector.model import weights as weight_store
 from bisector.files import write_file_atomic
@@ -118,7 +119,7 @@ def get_golden(
 
 
 def run_reference_model(catalog: Catalog, feeds_list: Sequence[Feeds]) -> list[Feeds]:
-    opts = ort.SessionOptions()
+    opts = ort_pool.session_options()
     opts.log_severity_level = 4  # a failure reaches the user once, as our error with ORT's message in it
     try:
         session = None

@@ -733,7 +733,8 @@ def worker_envs(backend: str, workers: int) -> tuple[list[dict[str, str]], int]:
     override = os.environ.get("BISECTOR_WORKER_THREADS", "")
     if override.isdigit() and int(override) > 0:  # e.g. the cores, when rounds often hold a single plan
         threads = int(override)
-    env = {"OMP_NUM_THREADS": str(threads)}
+    # each worker keeps to its share of the cores: sessions with pools of their own (bisector.ort_pool)
+    env = {"OMP_NUM_THREADS": str(threads), "BISECTOR_SHARED_POOL": "0"}
     return [dict(env) for _ in range(workers)], threads
 
 

@@ -334,7 +334,11 @@ def _rank(oracle: Any, backend: Any, cands: list[str], first: Sequence[str], exc
     # split their work over the cores, and two runs at once held two runs' activations (PP-OCRv4 recogniser at
     # batch 8, 17 MB of output: +286 MB against +147 MB one at a time, for 6% less time; a 12 x 384
     # transformer's 0.2 MB outputs: +18 MB, 27% less time with two)
-    threads = 1 if size * 4 >= SERIAL_FROM_BYTES else None
+    # On ORT's shared pool (bisector.ort_pool) each run has both cores already, and two runs at once wait on each
+    # other's parallel sections: one at a time there (YOLOX-style detector, 279 runs: 5.7 -> 5.2 s)
+    from bisector import ort_pool
+
+    threads = 1 if size * 4 >= SERIAL_FROM_BYTES or ort_pool.shared() else None
     one_off = getattr(backend, "one_off_plans", None)  # the single-node plans are not asked again: not kept
     # runs on a sample of the batch: sessions they build decide their thread pool as the batch's run would
     scale = max([_lead(o) / _lead(f) for f, o in zip(feeds_list, oracle.feeds_list) if f is not o] or [1.0])

@@ -26,6 +26,7 @@ import onnxruntime as ort
 from onnx import helper
 
 from bisector.backends.emulate.reference import ReferenceStore, spill_threshold
+from bisector import ort_pool
 from bisector.cores import usable_cores
 from bisector.errors import BackendFailure
 from bisector.fp16 import rules
@@ -70,6 +71,9 @@ class NodeExecutor:
         self._node_sessions: OrderedDict[tuple, ort.InferenceSession] = OrderedDict()
         self.max_node_sessions = max(MAX_NODE_SESSIONS, 4 * len(self.blocks))
         self._threads = threads
+        # Sessions on ONNX Runtime's process-wide pool (bisector.ort_pool): `threads` and the single-threaded
+        # start below are then moot, every session runs on the pool's threads
+        self.shared_pool = ort_pool.shared()
         self._opts = self._options()
         self._opts_single = self._options(threads=1)  # sessions start on the caller's thread (`_run`)
         self.weights: dict[str, np.ndarray] = catalog.weight_values()
@@ -114,9 +118,10 @@ class NodeExecutor:
         self.build_seconds = 0.0  # time spent building sessions (a one-time cost per node variant and block)
 
     def _options(self, threads: int | None = None) -> ort.SessionOptions:
-        opts = ort.SessionOptions()
-        # ALL enables the NCHWc layout kernels (Conv is several times faster with them). Spinning is off:
-        # hundreds of per-node sessions each keep a thread pool, and spinning pools starve each other.
+        opts = ort_pool.session_options(threads or self._threads or usable_cores())
+        # ALL enables the NCHWc layout kernels (Conv is several times faster with them). Spinning is off where
+        # sessions keep pools of their own (through the API): hundreds of them spinning starve each other. The
+        # `bisector` command's sessions share one pool instead (bisector.ort_pool), which ORT keeps warm.
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         # Fatal only: a kernel's failure reaches the user as our BackendFailure (or UsageError) with ORT's message;
@@ -137,8 +142,6 @@ class NodeExecutor:
         # intermediates together on every run, and the arena keeps the largest of them per size class (conv net
         # search: 280 -> 244 MB peak, same wall time within noise).
         opts.enable_mem_pattern = False
-        # Always explicit: ORT's default (every physical core, pinned) ignores taskset, cpusets and CPU quotas.
-        opts.intra_op_num_threads = threads or self._threads or usable_cores()
         return opts
 
     def converted(self, weight: str) -> np.ndarray:
@@ -449,7 +452,7 @@ class NodeExecutor:
         # 3 evaluations: 79 rebuilds, ~0.4 s of a 1.2 s search).
         # Inputs of several MB alone (a detector's feature maps at 960 x 1920: 29 MB) make every run long: a first
         # run on one thread would cost a conv block twice its pooled time (BISECTOR_POOLED_INPUT_MB sets it).
-        pooled = pooled or largest_input >= _pooled_input_bytes() or (
+        pooled = pooled or self.shared_pool or largest_input >= _pooled_input_bytes() or (
             largest_input >= _SMALL_TENSOR_BYTES and weight_bytes >= _SMALL_WEIGHT_BYTES)
         if shared:  # per-session initializers: options of its own
             opts = self._options(threads=None if pooled else 1)
