@@ -27,8 +27,10 @@ def _env(**extra: str) -> dict[str, str]:
 
 def _precision(out: Path, **env: str) -> dict:
     args = json.loads((ROOT / "fixtures" / "planted.json").read_text())["args"]
+    # cwd elsewhere than the source tree: where bisector is installed from a wheel (the GPU machine) the tree's
+    # own `bisector/` would shadow it and lack the strategies the wheel maps in
     r = subprocess.run([sys.executable, "-m", "bisector.cli", "precision", str(PLANTED), *args, "-o", str(out),
-                        "--no-cache"], capture_output=True, text=True, env=_env(**env), cwd=ROOT, timeout=300)
+                        "--no-cache"], capture_output=True, text=True, env=_env(**env), cwd=out.parent, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     return json.loads((out / "constraints.json").read_text())
 
@@ -57,9 +59,10 @@ from bisector.model.golden import run_reference_model
 from bisector.model.inputs import generate_inputs
 
 out = {}
-cases = {"planted": ("fixtures/planted.onnx", {"x": (0, 1)}, {}),
-         "cnn": ("fixtures/exported/cnn.onnx", {}, {}),
-         "encoder": ("fixtures/exported/encoder.onnx", {"ids": (0, 999), "mask": (1, 1)},
+fixtures = sys.argv[2]
+cases = {"planted": (f"{fixtures}/planted.onnx", {"x": (0, 1)}, {}),
+         "cnn": (f"{fixtures}/exported/cnn.onnx", {}, {}),
+         "encoder": (f"{fixtures}/exported/encoder.onnx", {"ids": (0, 999), "mask": (1, 1)},
                      {"ids": (1, 32), "mask": (1, 32)})}
 for name, (path, ranges, shapes) in cases.items():
     cat = Catalog.load(path)
@@ -87,9 +90,9 @@ np.savez(sys.argv[1], **out)
 def test_every_session_kind_builds_on_the_shared_pool_and_computes_the_same_bits(tmp_path):
     results = {}
     for setting in ("1", "0"):
-        r = subprocess.run([sys.executable, "-c", _EVERY_SESSION, str(tmp_path / f"{setting}.npz")],
-                           capture_output=True, text=True, env=_env(BISECTOR_SHARED_POOL=setting), cwd=ROOT,
-                           timeout=300)
+        r = subprocess.run([sys.executable, "-c", _EVERY_SESSION, str(tmp_path / f"{setting}.npz"),
+                            str(ROOT / "fixtures")], capture_output=True, text=True,
+                           env=_env(BISECTOR_SHARED_POOL=setting), cwd=tmp_path, timeout=300)
         assert r.returncode == 0, r.stderr[-3000:]
         assert r.stdout.startswith("one shared pool" if setting == "1" else "a pool per session"), r.stdout
         results[setting] = dict(np.load(tmp_path / f"{setting}.npz"))
@@ -102,6 +105,7 @@ def test_every_session_kind_builds_on_the_shared_pool_and_computes_the_same_bits
 
 
 _HOST_PROGRAM = r"""
+import sys
 import numpy as np, onnxruntime as ort
 import bisector
 from bisector import ort_pool
@@ -110,21 +114,21 @@ from onnx import TensorProto, helper
 g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
                       [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
-m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
 opts = ort.SessionOptions()
 opts.intra_op_num_threads = 1
 ort.InferenceSession(m, opts, providers=["CPUExecutionProvider"])
-r = bisector.precision("fixtures/planted.onnx", atol=1e-1, rtol=1e-1, val_range={"x": (0, 1)}, max_evals=5)
+r = bisector.precision(sys.argv[1], atol=1e-1, rtol=1e-1, val_range={"x": (0, 1)}, max_evals=5)
 ort.InferenceSession(m, opts, providers=["CPUExecutionProvider"])  # the program's own session, after bisector's
 print(ort_pool.shared(), len(r.fp32_nodes))
 """
 
 
-def test_a_program_using_the_api_keeps_its_own_sessions_working():
+def test_a_program_using_the_api_keeps_its_own_sessions_working(tmp_path):
     """Through the API the process is the host program's: bisector leaves its pools per session (a shared pool
     would make ORT refuse the program's own sessions from then on)."""
-    r = subprocess.run([sys.executable, "-c", _HOST_PROGRAM], capture_output=True, text=True, env=_env(), cwd=ROOT,
-                       timeout=300)
+    r = subprocess.run([sys.executable, "-c", _HOST_PROGRAM, str(PLANTED)], capture_output=True, text=True,
+                       env=_env(), cwd=tmp_path, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.split()[0] == "False"
 
