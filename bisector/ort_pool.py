@@ -44,7 +44,10 @@ def shared() -> bool:
             if want:
                 import onnxruntime as ort
 
-                ort.set_global_thread_pool_sizes(usable_cores(), 1)
+                try:
+                    ort.set_global_thread_pool_sizes(usable_cores(), 1)
+                except Exception:  # noqa: BLE001 - an ORT build without it: pools per session, as before
+                    want = False
             _STATE["active"] = want
     return _STATE["active"]
 

@@ -139,3 +139,23 @@ def test_worker_processes_keep_to_their_share_of_the_cores():
     envs, threads = worker_envs("emulate", 2)
     assert all(e["BISECTOR_SHARED_POOL"] == "0" for e in envs)
     assert all(e["OMP_NUM_THREADS"] == str(threads) for e in envs)
+
+
+def test_an_onnxruntime_without_the_shared_pool_keeps_pools_per_session(monkeypatch):
+    """Where ONNX Runtime cannot make the pool (a build without it), the command's sessions keep pools of their
+    own rather than failing. In this process: the stand-in refuses, so no pool is made here."""
+    import onnxruntime as ort
+
+    from bisector import ort_pool
+
+    def refuse(*args):
+        raise RuntimeError("not in this build")
+
+    monkeypatch.setattr(ort, "set_global_thread_pool_sizes", refuse)
+    monkeypatch.setattr(ort_pool, "_STATE", {})
+    monkeypatch.delenv("BISECTOR_SHARED_POOL", raising=False)
+    ort_pool.own_process()
+    assert ort_pool.shared() is False
+    assert ort_pool.describe().startswith("a pool per session")
+    opts = ort_pool.session_options(3)
+    assert opts.use_per_session_threads and opts.intra_op_num_threads == 3

@@ -15,8 +15,10 @@ from bisector.cli.options import (raw_stream, safe_table, ConstraintsIn, Fp16, F
 from bisector.errors import UsageError
 
 Top = Annotated[int, typer.Option("--top", help="Rows of the table printed (all are in profile.json).")]
-Threads = Annotated[int, typer.Option("--threads", help="ORT threads per node session (1 is fastest for small nodes; "
-                                      "0 = ORT's default).")]
+Threads = Annotated[int, typer.Option("--threads", help="ORT threads per node session where sessions keep pools of "
+                                      "their own (BISECTOR_SHARED_POOL=0; 1 is fastest for small nodes; 0 = ORT's "
+                                      "default). By default the command's sessions share one pool of the usable "
+                                      "cores, and this is not used.")]
 Png = Annotated[bool, typer.Option("--png/--no-png", help="Write profile.png.", rich_help_panel="Output")]
 OutputDir = Annotated[Path, typer.Option("-o", "--output-dir", help="Where to write profile.json and profile.png.",
                                          rich_help_panel="Output")]
