@@ -55,7 +55,8 @@ def shared() -> bool:
 def describe() -> str:
     """How this process's sessions get their threads, for the record (constraints.json's `machine`)."""
     if shared():
-        return f"one shared pool of {usable_cores()} threads"
+        n = usable_cores()
+        return f"one shared pool of {n} thread{'s' if n != 1 else ''}"
     return f"a pool per session (up to {usable_cores()} threads)"
 
 
