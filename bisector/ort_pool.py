@@ -10,7 +10,7 @@ next: an all-FP16 evaluation of a 12 x 384 transformer 60.5 -> 44.9 ms, of a YOL
 
 ONNX Runtime's Python binding makes this a decision for the whole process: once the shared pool is asked for,
 it refuses any session with a pool of its own, including sessions the host program builds itself. So the
-shared pool is on in processes bisector owns (its command line: `cli.main` calls `own_process`) and off by
+shared pool is on in processes bisector owns (its command line: `cli.main.entry` calls `own_process`) and off by
 default for a program that imports bisector's API, whose own sessions must keep working; `BISECTOR_SHARED_POOL=1`
 turns it on there, `=0` off everywhere. Every session bisector builds takes its options from `session_options`,
 so all of them agree with the process's choice.
