@@ -21,13 +21,13 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from bisector import ort_pool
 from bisector.app.options import BackendChoice, Cache, Comparison, Inputs, Runners, Tolerances, TrtBuilder
 from bisector.compare import OutputComparison, compare_output, indices_match, non_finite
 from bisector.errors import UsageError
 from bisector.model.catalog import Catalog
 from bisector.model.polyjson import Feeds
 from bisector.model.weights import ort_session
-from bisector import ort_pool
 
 log = logging.getLogger("bisector")
 
@@ -245,7 +245,6 @@ def _excluded(names: list[str], exclude: list[str] | None) -> list[str]:
 
 
 def _run_onnxrt(catalog: Catalog, feeds_list: Sequence[Feeds], names: list[str]) -> RunnerResult:
-    import onnxruntime as ort
     from onnx import helper
 
     from bisector.model.polyjson import runner_name

@@ -38,7 +38,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from bisector import __version__
+from bisector import __version__, ort_pool
 from bisector.errors import BackendFailure, BuildFailure, UsageError
 from bisector.fp16.casts import FLOAT, cast, fp16_name
 from bisector.fp16.mixed import build_mixed_model
@@ -185,8 +185,6 @@ class OrtCudaBackend:
         return [cuda, CPU_EP] if allow_cpu else [cuda]
 
     def _options(self, strict: bool, profile: bool):
-        from bisector import ort_pool
-
         so = ort_pool.session_options()  # the process's choice of pool (bisector.ort_pool), as every session
         level = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
                  "all": "ORT_ENABLE_ALL"}.get(self.graph_optimization)
@@ -296,8 +294,6 @@ class OrtCudaBackend:
         y = helper.make_tensor_value_info("y", TensorProto.FLOAT16, [1])
         g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "probe", [x], [y])
         m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
-        from bisector import ort_pool
-
         so = ort_pool.session_options()
         so.log_severity_level = 4
         try:

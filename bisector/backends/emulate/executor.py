@@ -25,8 +25,8 @@ import onnx
 import onnxruntime as ort
 from onnx import helper
 
-from bisector.backends.emulate.reference import ReferenceStore, spill_threshold
 from bisector import ort_pool
+from bisector.backends.emulate.reference import ReferenceStore, spill_threshold
 from bisector.cores import usable_cores
 from bisector.errors import BackendFailure
 from bisector.fp16 import rules
