@@ -24,19 +24,22 @@ import threading
 from bisector.cores import usable_cores
 
 _LOCK = threading.Lock()
-_STATE: dict[str, bool] = {}
+_STATE: dict[str, int | bool] = {}
 
 
-def own_process() -> None:
-    """This process runs bisector and nothing else (the command line, a worker): its sessions share one pool."""
+def own_process(threads: int | None = None) -> None:
+    """This process runs bisector and nothing else (the command line, a worker): its sessions share one pool, of
+    `threads` (a worker's share of the cores) or the usable cores. Before the first session; later calls no-ops."""
     _STATE.setdefault("own", True)
+    if threads:
+        _STATE.setdefault("size", max(1, int(threads)))
 
 
 def shared() -> bool:
     """Whether sessions run on the shared pool; the first call that says yes creates it (usable cores)."""
     active = _STATE.get("active")
     if active is not None:
-        return active
+        return bool(active)
     with _LOCK:
         if "active" not in _STATE:
             setting = os.environ.get("BISECTOR_SHARED_POOL", "")
@@ -44,18 +47,19 @@ def shared() -> bool:
             if want:
                 import onnxruntime as ort
 
+                _STATE.setdefault("size", usable_cores())
                 try:
-                    ort.set_global_thread_pool_sizes(usable_cores(), 1)
+                    ort.set_global_thread_pool_sizes(int(_STATE["size"]), 1)
                 except Exception:  # noqa: BLE001 - an ORT build without it: pools per session, as before
                     want = False
             _STATE["active"] = want
-    return _STATE["active"]
+    return bool(_STATE["active"])
 
 
 def describe() -> str:
     """How this process's sessions get their threads, for the record (constraints.json's `machine`)."""
     if shared():
-        n = usable_cores()
+        n = int(_STATE["size"])
         return f"one shared pool of {n} thread{'s' if n != 1 else ''}"
     return f"a pool per session (up to {usable_cores()} threads)"
 
