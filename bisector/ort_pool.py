@@ -27,12 +27,9 @@ _LOCK = threading.Lock()
 _STATE: dict[str, int | bool] = {}
 
 
-def own_process(threads: int | None = None) -> None:
-    """This process runs bisector and nothing else (the command line, a worker): its sessions share one pool, of
-    `threads` (a worker's share of the cores) or the usable cores. Before the first session; later calls no-ops."""
+def own_process() -> None:
+    """This process runs bisector and nothing else (the command line, a worker): its sessions share one pool."""
     _STATE.setdefault("own", True)
-    if threads:
-        _STATE.setdefault("size", max(1, int(threads)))
 
 
 def shared() -> bool:

@@ -287,10 +287,10 @@ args = ["--workers", "0"]
     assert [m.exit_code for m in result.models] == [0, 0, 2]
     assert result.models[1].fp32_nodes == ["Add", "Sub"]
     assert (tmp_path / "out" / "a" / "constraints.json").exists()
-    # each worker process runs its sessions on one ORT pool of its share of the cores (bisector.ort_pool)
+    # each worker process runs its sessions on one ORT pool (bisector.ort_pool)
     from bisector.cores import usable_cores
 
-    n = max(1, usable_cores() // 2)
+    n = usable_cores()
     machine = json.loads((tmp_path / "out" / "a" / "constraints.json").read_text())["machine"]
     assert machine["ort_threads"] == f"one shared pool of {n} thread{'s' if n != 1 else ''}"
     assert (tmp_path / "out" / "a" / "model.mixed.onnx").exists()
