@@ -159,3 +159,13 @@ def test_an_onnxruntime_without_the_shared_pool_keeps_pools_per_session(monkeypa
     assert ort_pool.describe().startswith("a pool per session")
     opts = ort_pool.session_options(3)
     assert opts.use_per_session_threads and opts.intra_op_num_threads == 3
+
+
+def test_the_installed_command_is_the_entry_that_owns_its_process():
+    """The `bisector` script and `python -m bisector.cli` both go through `entry` (the shared pool); `main` alone
+    would leave the command's sessions on pools of their own."""
+    import tomllib
+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["bisector"] == "bisector.cli.main:entry"
+    assert "entry()" in (ROOT / "bisector" / "cli" / "__main__.py").read_text()
