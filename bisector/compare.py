@@ -307,6 +307,16 @@ def _relative_chunk(ad: np.ndarray, gc: np.ndarray, out: np.ndarray | None = Non
     return np.divide(ad, golden_magnitude(gc, scratch.mag, scratch.mask), out=out)
 
 
+def elementwise_ok(actual: np.ndarray, golden: np.ndarray, atol: float, rtol: float, margin: float) -> np.ndarray:
+    """Per element of flat, same-shaped `actual` and `golden`: whether it passes Polygraphy's elementwise check
+    at `margin` — the arithmetic of `compare_output` (absdiff <= atol·m or reldiff <= rtol·m; NaN fails), for
+    callers that ask which values an output could take (bisector.search.unreachable)."""
+    a, g = _up(np.asarray(actual)), _up(np.asarray(golden))
+    with np.errstate(all="ignore"):
+        ad = np.abs(np.subtract(a, g))
+        return (ad <= atol * margin) | (_relative_chunk(ad, g) <= rtol * margin)
+
+
 def _elementwise(absdiff: np.ndarray, g: np.ndarray, atol: float, rtol: float, m: float,
                  out: np.ndarray | None = None) -> tuple[np.ndarray, int, float, int]:
     """(reldiff, mismatches, excess, worst) of Polygraphy's elementwise check at margin m, chunk by chunk: each

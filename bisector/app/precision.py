@@ -352,6 +352,7 @@ def _constraints(job: Job, model: Path, result: SearchResult, strategy: str, tim
         golden=Golden(source=job.golden.source, reference_runs=job.golden.reference_runs, runner=job.golden.runner),
         strategy=strategy, strategy_options=dict(strategy_options or {}), candidates=len(cat.candidates),
         pinned=cat.pinned, unjudged_branches=unjudged_branches(cat, job.backend), timings=timings,
+        fp16_unreachable={k: v.to_json() for k, v in result.unreachable.items()},
         outputs={k: v.to_json() for k, v in result.verdict.outputs.items()},
         worst_input_set=result.verdict.worst_set, headroom=_headroom(result.verdict), machine=machine_description(),
     )

@@ -51,6 +51,10 @@ class Constraints(BaseModel):
     unjudged_branches: dict[str, int] = Field(default_factory=dict, description="If candidates whose branches "
                                               "computed FP32 in every verdict (each If lowered as one unit) -> "
                                               "their computing nodes: FP16 inside them was not judged")
+    fp16_unreachable: dict[str, Any] = Field(default_factory=dict, description="outputs with golden values no "
+                                             "FP16 value meets within the tolerance (bisector.search.unreachable): "
+                                             "how many, an example, the share near FP16's resolution "
+                                             "(`coarse_share`) and the nodes every passing set keeps FP32")
     timings: dict[str, float] = Field(default_factory=dict)
     outputs: dict[str, Any] = Field(default_factory=dict, description="per-output comparison of the final plan, "
                                     "on its worst input set")

@@ -53,6 +53,14 @@ def render_report(catalog: Catalog, c: Constraints, strings: dict, extra: str = 
            "layer-precision flags keep these If nodes FP32, branches included (a plain TensorRT 10 FP16 build "
            "would run them in FP16, which nothing judged). `--backend tensorrt` judges FP16 inside them."]
           if c.unjudged_branches else []),
+        *([f"- **Outputs finer than FP16:** " + "; ".join(
+            f"{code(k)}: {v['elements']} of {v['of']} values have no FP16 value within the tolerance"
+            + (f" (kept FP32 from the start: {', '.join(code(n) for n in v['nodes'])})" if v.get('kept_from_start')
+               else f" ({', '.join(code(n) for n in v['nodes'])} must be FP32 where it is stored in FP16)"
+               if v['nodes'] else "")
+            for k, v in c.fp16_unreachable.items() if v["elements"])
+           + ". Near FP16's resolution pass or fail depends on rounding direction: the set found varies with the "
+           "search's order."] if any(v["elements"] for v in c.fp16_unreachable.values()) else []),
         "",
         "## Nodes to keep in FP32",
         "",

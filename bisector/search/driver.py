@@ -12,6 +12,7 @@ from typing import Any, Callable, Sequence
 from bisector.errors import AccuracyFailure, UsageError
 from bisector.search.judge import Verdict
 from bisector.search.oracle import BudgetExhausted, Oracle
+from bisector.search.unreachable import Unreachable, fp32_for_output, unreachable_outputs
 from bisector.search.vector_ranking import RankingHint
 
 log = logging.getLogger("bisector")
@@ -53,6 +54,7 @@ class SearchResult:
     evaluations: dict[str, int] = field(default_factory=dict)
     rounds: int = 0  # sequential rounds of new evaluations (= new evaluations without an executor)
     workers: int = 1
+    unreachable: dict[str, Unreachable] = field(default_factory=dict)  # outputs no FP16 value meets (see there)
 
 
 def run_search(
@@ -104,8 +106,19 @@ def run_search(
     # when a strategy asks (auto: when its search turns diffuse); None where the backend cannot provide it
     ranking: dict[str, Any] = {}  # what the ranking cost, for the report (runs are not evaluations)
     all_hints.setdefault("predicted_ranking", RankingHint(oracle, ranking, progress=progress))
+    unreachable = _unreachable(oracle)
+    # Nodes every passing set holds (an output no FP16 value meets): FP32 from the start, the search is over the
+    # rest. A set confirmed elsewhere (`start`) holds them already.
+    kept = frozenset(n for u in unreachable.values() if u.kept for n in u.nodes) if start is None else frozenset()
     try:
-        if start is None:
+        if kept:
+            rest = [n for n in candidates if n not in kept]
+            hints_ = {k: v for k, v in all_hints.items() if k != "predicted_ranking"}
+            answer = kept | _search_with(strategy, kept, rest, oracle, hints_, all_hints.get("predicted_ranking"))
+            # the proof made literal: each kept node's removal is judged (it fails), so 1-minimality is shown by
+            # verdicts as for every other member
+            oracle.evaluate_many([answer - {n} for n in sorted(kept)])
+        elif start is None:
             answer = frozenset(strategy.search(candidates, oracle.passes, **all_hints))
         else:
             answer = _search_from(strategy, frozenset(start), candidates, oracle, all_hints)
@@ -132,7 +145,29 @@ def run_search(
                      "screened": oracle.screen.screened if oracle.screen is not None else 0},
         rounds=oracle.rounds,
         workers=oracle.workers,
+        unreachable=unreachable,
     )
+
+
+# Backends whose FP16 nodes store FP16 values at the outputs (the emulator; ORT-CUDA runs the mixed model, FP16
+# tensors): there an unreachable output proves its nodes necessary. TensorRT may fuse an FP16 layer with the
+# output's FP32 reformat, so there the nodes are named, not kept.
+_STORES_FP16 = ("emulate", "ort-cuda")
+
+
+def _unreachable(oracle: Oracle) -> dict[str, Unreachable]:
+    """`unreachable_outputs` of the oracle's golden outputs, with the nodes each needs FP32 (warned about)."""
+    found = unreachable_outputs(oracle.golden, oracle.tolerance)
+    backend = oracle.backend
+    catalog = getattr(backend, "catalog", None)
+    stores = getattr(backend, "name", None) in _STORES_FP16 and getattr(backend, "storage", "fp16") == "fp16"
+    candidates = set(oracle.candidates)
+    for u in found.values():
+        if u.elements:
+            u.nodes = [n for n in fp32_for_output(catalog, u.output) if n in candidates] if catalog is not None else []
+            u.kept = stores and bool(u.nodes)
+            log.warning("%s", u.message())
+    return found
 
 
 def removable(oracle: Oracle, answer: frozenset[str], judge_missing: bool = True) -> list[str]:
@@ -175,24 +210,47 @@ def _search_from(strategy, start: frozenset[str], candidates, oracle: Oracle, hi
 
     if not oracle.passes(start):
         rest = [n for n in candidates if n not in start]
-        batch = hints.get("batch")
-        inner = dict(hints)
-        if callable(batch):  # the strategy's sets are asked together with `start`, one at a time or in a batch
-            inner["batch"] = lambda sets: batch([frozenset(s) | start for s in sets])
-        excess = hints.get("excess")
-        if callable(excess):
-            inner["excess"] = lambda s: excess(frozenset(s) | start)
-        if callable(ranking):
-            # Without it a diffuse extension is group testing: an emulate set that failed ort-cuda by 13% on a
-            # layout detector grew to 124 nodes in 1091 GPU evaluations, where a search from scratch there found
-            # 72 in 550 (docs/verification.md, "Fifteenth round").
-            memo: dict = {}  # the candidates' error vectors, run once for the extension and the shrink
-            inner["predicted_ranking"] = RankingOf(ranking, rest, kept=start, memo=memo)
-        extra = frozenset(strategy.search(rest, lambda s: oracle.passes(frozenset(s) | start), **inner))
-        start = start | extra
+        # The ranking keeps the extension diffuse-aware: without it a diffuse extension is group testing (an
+        # emulate set that failed ort-cuda by 13% on a layout detector grew to 124 nodes in 1091 GPU evaluations,
+        # where a search from scratch there found 72 in 550; docs/verification.md, "Fifteenth round").
+        memo: dict = {}  # the candidates' error vectors, run once for the extension and the shrink
+        start = start | _search_with(strategy, start, rest, oracle, hints, ranking, memo)
         if callable(ranking):  # the union is searched as a diffuse search of its own (a set that passed as
             hints["predicted_ranking"] = RankingOf(ranking, within(start), memo=memo)  # found is shrunk as before)
     return frozenset(strategy.search(within(start), oracle.passes, **hints))
+
+
+def _search_with(strategy, kept: frozenset[str], rest: list[str], oracle: Oracle, hints: dict, ranking: Any,
+                 memo: dict | None = None) -> frozenset[str]:
+    """The strategy's answer over `rest` while `kept` stays FP32: every set it asks (one at a time or in a batch,
+    and the sets its hints speak of) is asked with `kept`; `ranking` (the predicted-ranking hint) ranks with `kept`
+    first (`RankingOf`)."""
+    inner = dict(hints)
+    batch = hints.get("batch")
+    if callable(batch):
+        inner["batch"] = lambda sets: batch([frozenset(s) | kept for s in sets])
+    excess = hints.get("excess")
+    if callable(excess):
+        inner["excess"] = lambda s: excess(frozenset(s) | kept)
+    if callable(ranking):
+        inner["predicted_ranking"] = RankingOf(ranking, rest, kept=kept, memo=memo)
+    progress = hints.get("progress")
+    if callable(progress):
+        inner["progress"] = lambda event: progress(_with_kept(event, kept))
+    return frozenset(strategy.search(rest, lambda s: oracle.passes(frozenset(s) | kept), **inner))
+
+
+def _with_kept(event: dict, kept: frozenset[str]) -> dict:
+    """A strategy's progress event about sets over the rest, as sets of the whole plan (`kept` in each)."""
+    event = dict(event)
+    if event.get("best") is not None:
+        event["best"] = frozenset(event["best"]) | kept
+    if isinstance(event.get("fp32_size"), int):
+        event["fp32_size"] += len(kept)
+    estimate = event.get("estimate")
+    if isinstance(estimate, dict) and isinstance(estimate.get("set_size"), int):
+        event["estimate"] = {**estimate, "set_size": estimate["set_size"] + len(kept)}
+    return event
 
 
 class RankingOf:
