@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from types import SimpleNamespace
 
 import numpy as np
 import onnx
@@ -139,3 +140,28 @@ def test_reachable_tolerances_change_nothing(tmp_path, caplog):
                                no_cache=True)
     assert r.passed and "FP16 value within" not in caplog.text
     assert json.loads((tmp_path / "o" / "constraints.json").read_text())["fp16_unreachable"] == {}
+
+
+def test_an_output_no_candidate_computes_is_left_out(tmp_path, caplog):
+    """A float output made by a Cast from integers (no candidate: FP16 never reaches it) with values FP16 lacks
+    (2049) is not reported; the Softmax output beside it is."""
+    nodes = [helper.make_node("Cast", ["i"], ["ci"], name="cast", to=TensorProto.FLOAT),
+             helper.make_node("Softmax", ["x"], ["p"], name="softmax", axis=-1)]
+    graph = helper.make_graph(nodes, "two", [helper.make_tensor_value_info("i", TensorProto.INT64, [3]),
+                                             helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info("ci", TensorProto.FLOAT, [3]),
+                               helper.make_tensor_value_info("p", TensorProto.FLOAT, [4])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "two.onnx")
+    cat = Catalog.load(tmp_path / "two.onnx")
+    oracle = SimpleNamespace(backend=SimpleNamespace(catalog=cat, name="emulate"), candidates=tuple(cat.candidates),
+                             tolerance=Tolerance(atol=PerOutput(1e-6), rtol=PerOutput(1e-6)),
+                             golden=[{"ci": np.array([2049.0, 2051.0, 1.0], np.float32),
+                                      "p": np.array([0.1, 0.2, 0.3, 0.4], np.float32)}])
+    with caplog.at_level(logging.WARNING, logger="bisector"):
+        found = driver._unreachable(oracle)
+    assert set(found) == {"p"} and found["p"].nodes == ["softmax"] and found["p"].kept
+    assert "'ci'" not in caplog.text and "output 'p'" in caplog.text
+    oracle.backend.name = "tensorrt"  # may not store FP16 values at the outputs: named, not kept
+    assert not driver._unreachable(oracle)["p"].kept
+    oracle.backend = SimpleNamespace(name="emulate")  # no model to walk: nothing said
+    assert driver._unreachable(oracle) == {}

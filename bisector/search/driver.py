@@ -156,16 +156,23 @@ _STORES_FP16 = ("emulate", "ort-cuda")
 
 
 def _unreachable(oracle: Oracle) -> dict[str, Unreachable]:
-    """`unreachable_outputs` of the oracle's golden outputs, with the nodes each needs FP32 (warned about)."""
-    found = unreachable_outputs(oracle.golden, oracle.tolerance)
+    """`unreachable_outputs` of the oracle's golden outputs that a candidate can store in FP16, each with the
+    nodes it needs FP32 (warned about where some value is unreachable). An output no candidate computes (a graph
+    input, a pinned node's) is never FP16: left out, as are all of them where the backend has no model."""
     backend = oracle.backend
     catalog = getattr(backend, "catalog", None)
+    if catalog is None:
+        return {}
     stores = getattr(backend, "name", None) in _STORES_FP16 and getattr(backend, "storage", "fp16") == "fp16"
     candidates = set(oracle.candidates)
-    for u in found.values():
+    found = {}
+    for name, u in unreachable_outputs(oracle.golden, oracle.tolerance).items():
+        u.nodes = [n for n in fp32_for_output(catalog, name) if n in candidates]
+        if not u.nodes:
+            continue
+        u.kept = stores and bool(u.elements)
+        found[name] = u
         if u.elements:
-            u.nodes = [n for n in fp32_for_output(catalog, u.output) if n in candidates] if catalog is not None else []
-            u.kept = stores and bool(u.nodes)
             log.warning("%s", u.message())
     return found
 

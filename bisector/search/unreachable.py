@@ -59,12 +59,8 @@ class Unreachable:
 
     def message(self) -> str:
         names = ", ".join(repr(n) for n in self.nodes)
-        if self.kept:
-            where = f"the search keeps {names} FP32 from the start"
-        elif self.nodes:
-            where = f"{names} must stay FP32 wherever this output is stored in FP16"
-        else:
-            where = "no candidate computes it (it is computed outside the candidates)"
+        where = (f"the search keeps {names} FP32 from the start" if self.kept
+                 else f"{names} must stay FP32 wherever this output is stored in FP16")
         text = (f"output {self.output!r}: {self.elements} of {self.total} value{'s' if self.total != 1 else ''} "
                 f"{'has' if self.elements == 1 else 'have'} no FP16 value within the tolerance")
         if self.example is not None:
