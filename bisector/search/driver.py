@@ -106,10 +106,10 @@ def run_search(
     # when a strategy asks (auto: when its search turns diffuse); None where the backend cannot provide it
     ranking: dict[str, Any] = {}  # what the ranking cost, for the report (runs are not evaluations)
     all_hints.setdefault("predicted_ranking", RankingHint(oracle, ranking, progress=progress))
-    unreachable = _unreachable(oracle)
     # Nodes every passing set holds (an output no FP16 value meets): FP32 from the start, the search is over the
-    # rest. A set confirmed elsewhere (`start`) holds them already.
-    kept = frozenset(n for u in unreachable.values() if u.kept for n in u.nodes) if start is None else frozenset()
+    # rest. A set confirmed elsewhere (`start`) is searched as it comes: where it lacks them, its extension adds them.
+    unreachable = _unreachable(oracle, keep=start is None)
+    kept = frozenset(n for u in unreachable.values() if u.kept for n in u.nodes)
     try:
         if kept:
             rest = [n for n in candidates if n not in kept]
@@ -155,15 +155,16 @@ def run_search(
 _STORES_FP16 = ("emulate", "ort-cuda")
 
 
-def _unreachable(oracle: Oracle) -> dict[str, Unreachable]:
+def _unreachable(oracle: Oracle, keep: bool = True) -> dict[str, Unreachable]:
     """`unreachable_outputs` of the oracle's golden outputs that a candidate can store in FP16, each with the
     nodes it needs FP32 (warned about where some value is unreachable). An output no candidate computes (a graph
-    input, a pinned node's) is never FP16: left out, as are all of them where the backend has no model."""
+    input, a pinned node's) is never FP16: left out, as are all of them where the backend has no model. `keep`:
+    the search may keep the nodes FP32 from the start (where the backend stores FP16 values)."""
     backend = oracle.backend
     catalog = getattr(backend, "catalog", None)
     if catalog is None:
         return {}
-    stores = getattr(backend, "name", None) in _STORES_FP16 and getattr(backend, "storage", "fp16") == "fp16"
+    stores = keep and getattr(backend, "name", None) in _STORES_FP16 and getattr(backend, "storage", "fp16") == "fp16"
     candidates = set(oracle.candidates)
     found = {}
     for name, u in unreachable_outputs(oracle.golden, oracle.tolerance).items():
