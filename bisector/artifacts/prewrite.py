@@ -9,6 +9,12 @@ the search runs; at the end the writer reuses each weight found there by its nam
 the same bytes: a weight's FP16 copy has its own name, `fp16.mixed.fp16_name`) and appends the rest (the FP32
 weights of the FP32 set, small initializers) before the rename.
 
+The thread runs at the process's own priority. It ran at nice 19 until the search's sessions moved onto one
+shared ONNX Runtime pool (bisector.ort_pool), whose threads spin between parallel sections: beside them a nice-19
+thread got almost no CPU, and the write waited for the search's end (51-63% of a 3-evaluation search after it on
+the 1.27 GB model, 5-7% at normal priority, wall time the same or 2-3% lower; docs/benchmarks.md, "Scale,
+nineteenth round").
+
 When the bytes the final model does not read (FP16 copies of weights only the FP32 set reads) would pass
 `MAX_UNUSED_SHARE` of the file, the prewritten file is dropped and the data file written compactly as before. The
 file is all or nothing either way (`files.AtomicFile`); a killed run leaves only a temporary file that the next
@@ -19,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 from pathlib import Path
 from typing import Mapping
@@ -92,7 +97,6 @@ class WeightPrewrite:
 
     def _write(self) -> None:
         f = self._file.sink
-        _lower_priority()
         try:
             with fastcast.on_this_thread():
                 for name, value in self._values.items():
@@ -137,15 +141,3 @@ class WeightPrewrite:
         if self._thread.is_alive():
             self._thread.join()
         self._file.discard()
-
-
-def _lower_priority() -> None:
-    """This thread (only: Linux schedules threads by their own ids) at the lowest priority, so that the search's
-    threads keep the cores and the prewrite takes what they leave: on 2 cores at normal priority it slowed the
-    search by about as much as it saved after it (docs/benchmarks.md)."""
-    if not sys.platform.startswith("linux"):  # elsewhere a thread id is no process id: renicing it could hit another
-        return
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-    except OSError:  # not allowed: a normal-priority thread still works
-        pass
