@@ -203,11 +203,20 @@ def test_mixed_model_reads_each_inline_weight_once(monkeypatch):
 
     model, _ = chain_model(400, width=8)
     cat = Catalog.from_model(model)
-    calls = []
-    real = onnx.numpy_helper.to_array
-    monkeypatch.setattr(onnx.numpy_helper, "to_array", lambda *a, **k: calls.append(1) or real(*a, **k))
-    build_mixed_model(cat, Plan(frozenset(), cat.candidates))
+    calls, parsed = [], []
+    real, real_value = onnx.numpy_helper.to_array, Catalog.value
+    monkeypatch.setattr(onnx.numpy_helper, "to_array", lambda *a, **k: parsed.append(1) or real(*a, **k))
+    monkeypatch.setattr(Catalog, "value", lambda self, name: calls.append(name) or real_value(self, name))
+    mixed = build_mixed_model(cat, Plan(frozenset(), cat.candidates))
     assert 0 < len(calls) <= 2 * len(model.graph.initializer)
+    assert len(parsed) <= 2 * len(model.graph.initializer)
+    # and what they read is the weights' values: every FP16 copy is the rule applied to its source
+    from bisector.fp16 import rules
+
+    copies = {i.name: onnx.numpy_helper.to_array(i) for i in mixed.graph.initializer}
+    for init in model.graph.initializer:
+        if init.data_type == onnx.TensorProto.FLOAT and init.name + "__fp16" in copies:
+            np.testing.assert_array_equal(copies[init.name + "__fp16"], rules.weight_rule(real(init)))
 
 
 def test_external_data_with_an_odd_file_name_and_offsets_searches(tmp_path):
@@ -302,3 +311,38 @@ def test_weights_in_constant_nodes_are_held_once_and_search_the_same(tmp_path):
         np.testing.assert_array_equal(outs[0][name], outs[2][name])
     for a, b in zip(outs[1], outs[3]):
         np.testing.assert_array_equal(a, b)
+
+
+def test_small_fp16_copies_converted_together_are_each_ones_conversion():
+    """`mixed._convert_small` converts many small copies as one array: bit for bit what each converts to alone,
+    for every kind of copy (the search's rounded copies in FP16 and FP32, the weight rule from FP32 with values
+    past FP16's range and below its smallest subnormal in the same batch, parameters, other dtypes)."""
+    from bisector.fp16 import rules
+    from bisector.fp16.mixed import FP16Copy, _convert_small
+
+    rng = np.random.default_rng(3)
+    big = np.array([70000.0, -1e9, np.inf, np.nan, 1e-9, -3e-8, 0.0, -0.0, 65519.0, 65520.0], np.float32)
+    pending, k = [], 0
+    for shape in [(), (1,), (3, 4), (5,), (2, 2, 2)]:
+        for kind in ("rule", "rounded16", "rounded32", "param", "float64"):
+            value = (rng.standard_normal(shape) * 10.0 ** rng.integers(-9, 6)).astype(np.float32)
+            if kind == "rule" and shape == (5,):
+                value = big[:5].copy()
+            if kind == "rule" and shape == (2, 2, 2):
+                value = big[2:].reshape(shape).copy()
+            rounded = None
+            if kind == "rounded16":
+                rounded = rules.weight_rule(value)
+            elif kind == "rounded32":
+                rounded = rules.weight_rule(value).astype(np.float32)
+            elif kind == "float64":
+                value = value.astype(np.float64)
+            pending.append((k, f"w{k}", FP16Copy(value, as_param=kind == "param", rounded=rounded)))
+            k += 1
+    got = {i: (name, arr) for i, name, arr in _convert_small(pending)}
+    assert sorted(got) == list(range(k))
+    for i, name, copy in pending:
+        want = np.asarray(copy)
+        assert got[i][0] == name
+        assert got[i][1].dtype == want.dtype and got[i][1].shape == want.shape
+        np.testing.assert_array_equal(got[i][1].view(np.uint16), want.view(np.uint16))

@@ -13,6 +13,7 @@ regions is renamed — subgraphs of If/Loop/Scan that read outer-scope values ke
 from __future__ import annotations
 
 import copy
+import math
 from typing import Mapping
 
 import numpy as np
@@ -25,7 +26,7 @@ from bisector.fp16.plan import Plan
 from bisector.fp16.points import Read, RoundingPoints, rounding_points
 from bisector.model import weights as weight_store
 from bisector.model.catalog import Catalog
-from bisector.model.graph import constant_value, copy_without_initializers, graph_reads, rename_free, subgraphs
+from bisector.model.graph import copy_without_initializers, graph_reads, rename_free, subgraphs
 
 _ANY_TYPE_READERS = frozenset({"Shape", "Size", "Cast", "CastLike"})
 
@@ -54,8 +55,10 @@ def build_mixed_detached(catalog: Catalog, plan: Plan | frozenset[str],
     del graph.node[:]
     del graph.value_info[:]  # stale after retyping; consumers re-infer
     emit = NodeWriter(catalog, rounding_points(catalog, plan), detached=True, rounded=rounded)
+    nodes: list[onnx.NodeProto] = []
     for node in src.graph.node:
-        graph.node.extend(emit.node(node))
+        nodes.extend(emit.node(node))
+    graph.node.extend(nodes)  # copies each node: `emit.node` may hand back the source's own
     _add_used_initializers(model, list(src.graph.initializer) + emit.new_inits)
     values = {**catalog.weight_arrays, **emit.new_values}
     return model, {i.name: values[i.name] for i in graph.initializer if weight_store.is_stub(i)}
@@ -82,7 +85,7 @@ class FP16Copy:
         # is exact)
         self.value, self.as_param, self.rounded = value, as_param, None if as_param else rounded
         self.shape = tuple(np.shape(value))
-        self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        self.nbytes = math.prod(self.shape) * self.dtype.itemsize
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         value = self.value
@@ -106,14 +109,22 @@ class NodeWriter:
         # detached: large converted weights become stubs, their arrays in `new_values` (else TensorProtos)
         self.detached = detached
         self.new_values: dict[str, FP16Copy] = {}
-        src = catalog.model
-        self.initializers = {i.name: i for i in src.graph.initializer}
-        self.constants = {n.output[0]: n for n in src.graph.node if n.op_type == "Constant"}
         self.graph_outputs = set(catalog.output_names)
         self.created: set[str] = set()  # names of the FP16 tensors that exist already
-        self.new_inits: list[onnx.TensorProto] = []
+        self._inits: list[onnx.TensorProto | None] = []
+        self._pending: list[tuple[int, str, FP16Copy]] = []  # small copies converted together (`new_inits`)
         self.all_outputs_fp32 = all_outputs_fp32  # every float output also under its FP32 name
         self._slots: dict[str, tuple[list[bool], list[bool]]] = {}
+        self._slots_by_form: dict[tuple, tuple[list[bool], list[bool]]] = {}
+
+    @property
+    def new_inits(self) -> list[onnx.TensorProto]:
+        """The converted weights (TensorProtos, or stubs of detached ones), in the order they were first read."""
+        if self._pending:
+            for k, name, array in _convert_small(self._pending):
+                self._inits[k] = _fp16_tensor(array, name)
+            self._pending = []
+        return self._inits  # type: ignore[return-value]
 
     def ensure_fp16(self, t: str, out_nodes: list[onnx.NodeProto], read: Read) -> str:
         """The FP16 tensor an FP16 reader reads for `t` (created on first use)."""
@@ -126,16 +137,17 @@ class NodeWriter:
             return name
         self.created.add(name)
         if t in catalog.weights:
-            value = catalog.value(t) if t in self.initializers else constant_value(self.constants[t])
+            value = catalog.value(t)  # an initializer's or a Constant's
             deferred = FP16Copy(value, as_param, self.rounded.get(t))
             if self.detached and deferred.nbytes >= weight_store.DETACH_MIN_BYTES:
                 # converted when written (`np.asarray`): a writer streams one weight at a time, and can convert
                 # the next while it writes this one (artifacts.write)
                 self.new_values[name] = deferred
-                self.new_inits.append(weight_store.stub(name, helper.np_dtype_to_tensor_dtype(deferred.dtype),
-                                                        deferred.shape))
+                self._inits.append(weight_store.stub(name, helper.np_dtype_to_tensor_dtype(deferred.dtype),
+                                                     deferred.shape))
             else:
-                self.new_inits.append(numpy_helper.from_array(np.asarray(deferred), name))
+                self._pending.append((len(self._inits), name, deferred))
+                self._inits.append(None)
         else:
             out_nodes.append(cast(t, name, FLOAT16))
         return name
@@ -144,15 +156,18 @@ class NodeWriter:
         """`node` as the mixed model writes it: a copy (FP32, or FP16 with its Casts and converted weights)."""
         catalog, points = self.catalog, self.points
         emitted: list[onnx.NodeProto] = []
-        new = copy.deepcopy(node)
         if node.name not in points.fp16:
+            new = node  # unchanged: the caller's graph.node.extend copies it
             if node.op_type in _ANY_TYPE_READERS:
                 # Shape/Size/Cast read any type: they take the FP16 tensor itself (same values, and no Cast back
                 # is needed just for them — what AutoCast does too).
                 for i, t in enumerate(node.input):
                     if t and fp16_name(t) in self.created and points.stored(t):
+                        if new is node:
+                            new = copy.deepcopy(node)
                         new.input[i] = fp16_name(t)
             return [new]
+        new = copy.deepcopy(node)
         in_fp16, out_fp16 = self.slots(node)
         for t, i in catalog.reads(node.name):
             if i is not None and in_fp16[i] and catalog.is_float(t):
@@ -189,7 +204,15 @@ class NodeWriter:
         """`_fp16_slots` of `node`, once per node (asked again for each of its producers' outputs)."""
         got = self._slots.get(node.name)
         if got is None:
-            got = self._slots[node.name] = _fp16_slots(self.catalog, node)
+            # Nodes of one form (op, domain, opset, arity, which inputs are parameters) have the same slots
+            catalog = self.catalog
+            # (the schema follows from op and domain: the model has one opset per domain)
+            form = (node.op_type, node.domain, len(node.input), len(node.output),
+                    tuple(catalog.is_parameter(node.name, i) for i in range(len(node.input))))
+            got = self._slots_by_form.get(form)
+            if got is None:
+                got = self._slots_by_form[form] = _fp16_slots(catalog, node)
+            self._slots[node.name] = got
         return got
 
     def _needs_fp32(self, reader: onnx.NodeProto, index: int | None) -> bool:
@@ -199,6 +222,44 @@ class NodeWriter:
         if reader.name not in self.points.fp16:
             return True
         return index is None or not self.slots(reader)[0][index]
+
+
+def _convert_small(pending: list[tuple[int, str, FP16Copy]]) -> list[tuple[int, str, np.ndarray]]:
+    """The small FP16 copies' arrays, (index, name, array), bit for bit `np.asarray(copy)` of each. Copies the
+    search rounded already (FP32 arrays of FP16 values) are converted as one array, and so are those the built-in
+    weight rule converts from FP32 (the rule is elementwise): a model of many small weights (a 20 000-node chain,
+    20 000 scalars) spent more on one call each than on the rest of the mixed model's build (docs/benchmarks.md,
+    "Scale, nineteenth round")."""
+    out, batches = [], {"rounded": [], "rule": []}
+    elementwise = rules.weight_rule_is_elementwise("fp16")
+    for k, name, c in pending:
+        if c.rounded is not None and c.rounded.dtype == np.float16:
+            out.append((k, name, c.rounded))
+        elif c.rounded is not None and c.rounded.dtype == np.float32:
+            batches["rounded"].append((k, name, c, c.rounded))
+        elif c.rounded is None and not c.as_param and elementwise and np.asarray(c.value).dtype == np.float32:
+            batches["rule"].append((k, name, c, np.asarray(c.value)))
+        else:
+            out.append((k, name, np.asarray(c)))
+    for kind, items in batches.items():
+        if not items:
+            continue
+        flat = np.concatenate([a.reshape(-1) for *_, a in items])
+        converted = fastcast.to_half(flat) if kind == "rounded" else rules.weight_rule(flat)
+        start = 0
+        for k, name, c, a in items:
+            out.append((k, name, converted[start:start + a.size].reshape(c.shape)))
+            start += a.size
+    return out
+
+
+def _fp16_tensor(array: np.ndarray, name: str) -> onnx.TensorProto:
+    """`numpy_helper.from_array` for an FP16 array (its raw little-endian bytes), without its per-call overhead."""
+    if array.dtype != np.float16:
+        return numpy_helper.from_array(array, name)
+    t = onnx.TensorProto(name=name, data_type=onnx.TensorProto.FLOAT16, dims=array.shape)
+    t.raw_data = np.ascontiguousarray(array, dtype="<f2").tobytes()
+    return t
 
 
 def _fp16_slots(catalog: Catalog, node: onnx.NodeProto) -> tuple[list[bool], list[bool]]:
