@@ -29,6 +29,7 @@ from bisector.model.catalog import Catalog
 from bisector.model.graph import copy_without_initializers, graph_reads, rename_free, subgraphs
 
 _ANY_TYPE_READERS = frozenset({"Shape", "Size", "Cast", "CastLike"})
+SMALL_BATCH = 1024  # small FP16 copies converted together (`_convert_small`)
 
 
 def build_mixed_model(catalog: Catalog, plan: Plan | frozenset[str]) -> onnx.ModelProto:
@@ -55,10 +56,8 @@ def build_mixed_detached(catalog: Catalog, plan: Plan | frozenset[str],
     del graph.node[:]
     del graph.value_info[:]  # stale after retyping; consumers re-infer
     emit = NodeWriter(catalog, rounding_points(catalog, plan), detached=True, rounded=rounded)
-    nodes: list[onnx.NodeProto] = []
     for node in src.graph.node:
-        nodes.extend(emit.node(node))
-    graph.node.extend(nodes)  # copies each node: `emit.node` may hand back the source's own
+        graph.node.extend(emit.node(node))  # copies each node: `emit.node` may hand back the source's own
     _add_used_initializers(model, list(src.graph.initializer) + emit.new_inits)
     values = {**catalog.weight_arrays, **emit.new_values}
     return model, {i.name: values[i.name] for i in graph.initializer if weight_store.is_stub(i)}
@@ -120,11 +119,13 @@ class NodeWriter:
     @property
     def new_inits(self) -> list[onnx.TensorProto]:
         """The converted weights (TensorProtos, or stubs of detached ones), in the order they were first read."""
-        if self._pending:
-            for k, name, array in _convert_small(self._pending):
-                self._inits[k] = _fp16_tensor(array, name)
-            self._pending = []
+        self._convert_pending()
         return self._inits  # type: ignore[return-value]
+
+    def _convert_pending(self) -> None:
+        for k, name, array in _convert_small(self._pending):
+            self._inits[k] = _fp16_tensor(array, name)
+        self._pending = []
 
     def ensure_fp16(self, t: str, out_nodes: list[onnx.NodeProto], read: Read) -> str:
         """The FP16 tensor an FP16 reader reads for `t` (created on first use)."""
@@ -148,6 +149,8 @@ class NodeWriter:
             else:
                 self._pending.append((len(self._inits), name, deferred))
                 self._inits.append(None)
+                if len(self._pending) >= SMALL_BATCH:  # what waits stays small (the copies and their sources)
+                    self._convert_pending()
         else:
             out_nodes.append(cast(t, name, FLOAT16))
         return name

@@ -143,10 +143,6 @@ class Catalog:
             return v
         init = self._inline_initializers.get(name)
         if init is not None:
-            if init.data_type == TensorProto.FLOAT and init.HasField("raw_data") and not init.external_data:
-                # to_array's result without its per-call overhead (the mixed model of a 20 000-node chain reads
-                # 20 000 small weights); read-only like the maps above
-                return np.frombuffer(init.raw_data, dtype="<f4").reshape(tuple(init.dims))
             return onnx.numpy_helper.to_array(init)
         return constant_value(self.nodes[self.producers[name]])
 
