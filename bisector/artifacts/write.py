@@ -120,7 +120,10 @@ def stays_one_file(model: onnx.ModelProto, values: Mapping[str, object]) -> bool
 def _one_file(model: onnx.ModelProto, values: dict, path: Path) -> tuple[Path, Callable]:
     """One .onnx, streamed from the arrays (`weights.Serialized`): the checker sees the graph with the stubs as
     typed inputs (the weight bytes are numpy's, written as they are)."""
-    _check_without_external_data(model)
+    if values:
+        _check_without_external_data(model)
+    else:  # no stubs: the model as it is (no copy of it to check)
+        onnx.checker.check_model(model)
     data = weight_store.Serialized(model, values)
     return path, data.write
 
