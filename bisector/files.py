@@ -17,6 +17,7 @@ import os
 import re
 import tempfile
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable
 
@@ -111,16 +112,23 @@ class AtomicFile:
 
     def commit(self) -> None:
         try:
-            self.sink.close()
-            self._f.flush()
-            os.fsync(self._f.fileno())
-            self._f.close()
-            os.replace(self._tmp, self.path)  # replaces a symlink at `path` itself, never its target
-            self._tmp = None
+            self._sync()
+            self._publish()
             _fsync_dir(self.path.parent)
         except OSError as exc:
             self.discard()
             raise self._error(exc) from None
+
+    def _sync(self) -> None:
+        """The content on the disk (the file still under its temporary name)."""
+        self.sink.close()
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        self._f.close()
+
+    def _publish(self) -> None:
+        os.replace(self._tmp, self.path)  # replaces a symlink at `path` itself, never its target
+        self._tmp = None
 
     def discard(self) -> None:
         """Drop what was written (the target is untouched); safe to call more than once."""
@@ -149,6 +157,52 @@ class AtomicFile:
         self.discard()
         if isinstance(exc, OSError):
             raise self._error(exc) from None
+
+
+def write_files_atomic(items: Iterable[tuple[Path, Callable[[BinaryIO], None], "AtomicFile | None"]]) -> None:
+    """Several files, each all or nothing as `write_file_atomic` writes it, committed together: every file's
+    content goes to the disk first (their fsyncs at once, on threads: the filesystem folds them into one journal
+    commit), then they are renamed in the order given, then each directory is synced once. The same guarantees as
+    one commit after another, in about two fsyncs' time instead of two per file (five artifacts: ten fsyncs, 13 ms
+    of a 20 ms search on the smallest models; docs/benchmarks.md, "Scale, nineteenth round"). Where any file
+    fails before the renames, none is renamed. Items: (path, fill, into) as `write_file_atomic` takes them."""
+    opened: list[AtomicFile] = []
+    current: AtomicFile | None = None
+    try:
+        for path, fill, into in items:
+            current = into if into is not None else AtomicFile(path)
+            opened.append(current)
+            fill(current.sink)
+        current = None
+        if len(opened) > 1:
+            with ThreadPoolExecutor(min(8, len(opened))) as pool:
+                for f, error in zip(opened, pool.map(_sync_error, opened)):
+                    if error is not None:
+                        current = f
+                        raise error
+        elif opened:
+            current = opened[0]
+            opened[0]._sync()
+        for f in opened:
+            current = f
+            f._publish()
+        current = None
+    except BaseException as exc:
+        for f in opened:
+            f.discard()
+        if isinstance(exc, OSError) and current is not None:
+            raise current._error(exc) from None
+        raise
+    for directory in dict.fromkeys(f.path.parent for f in opened):
+        _fsync_dir(directory)
+
+
+def _sync_error(f: "AtomicFile") -> OSError | None:
+    try:
+        f._sync()
+    except OSError as exc:
+        return exc
+    return None
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -438,3 +438,39 @@ def test_a_journal_opened_by_several_processes_at_once_is_waited_for(tmp_path, m
         for p in procs:
             _, err = p.communicate(timeout=120)
             assert p.returncode == 0, err
+
+
+@pytest.mark.parametrize("stage", ["fill", "fsync"])
+def test_files_committed_together_are_renamed_only_once_all_are_on_the_disk(tmp_path, monkeypatch, stage):
+    """`files.write_files_atomic` (the artifacts after the search): a full disk while one file is written or
+    synced leaves every target as it was (none renamed, no temporary file), and the error names that file."""
+    import os
+
+    from bisector import files
+    from bisector.errors import UsageError
+
+    names = ["a.data", "a.onnx", "b.py", "c.md"]
+    for n in names:
+        (tmp_path / n).write_text("old " + n)
+    if stage == "fill":
+        _recording_writes(monkeypatch, fail_on="b.py")
+    else:
+        real_fsync, tmp_b = os.fsync, []
+
+        def fsync(fd):
+            if os.readlink(f"/proc/self/fd/{fd}").rsplit("/", 1)[-1].startswith(".b.py."):
+                tmp_b.append(fd)
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real_fsync(fd)
+
+        monkeypatch.setattr(os, "fsync", fsync)
+    items = [(tmp_path / n, (lambda data: lambda f: f.write(data))(f"new {n}".encode()), None) for n in names]
+    with pytest.raises(UsageError, match=r"b\.py.*disk is full"):
+        files.write_files_atomic(items)
+    assert {n: (tmp_path / n).read_text() for n in names} == {n: "old " + n for n in names}
+    assert not list(tmp_path.glob(".*.tmp"))
+    if stage == "fsync":
+        assert tmp_b
+    monkeypatch.undo()
+    files.write_files_atomic(items)  # and without the failure: every file new, in one commit
+    assert {n: (tmp_path / n).read_text() for n in names} == {n: "new " + n for n in names}

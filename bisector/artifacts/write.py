@@ -19,7 +19,7 @@ from bisector.model import weights as weight_store
 from bisector.artifacts.add_constraints import add_constraints_for, layer_precision_strings_for
 from bisector.artifacts.constraints import Constraints
 from bisector.artifacts.prewrite import ALIGN, MAX_UNUSED_SHARE, WeightPrewrite, key_bytes, value_key
-from bisector.files import AtomicFile, clean_stale_temporaries, ensure_dir, remove_file, write_file_atomic, write_text_atomic
+from bisector.files import AtomicFile, clean_stale_temporaries, ensure_dir, remove_file, write_files_atomic
 from bisector.artifacts.report import render_report
 
 
@@ -77,13 +77,17 @@ def write_artifacts(out_dir: Path, catalog: Catalog, constraints: Constraints, e
     script = add_constraints_for(catalog, fp32, unjudged)
     report = render_report(catalog, constraints, strings, extra_report)
 
-    for path, fill in mixed_files:  # external data first, the model that names it last
-        write_file_atomic(path, fill, into=getattr(fill, "into", None))
+    def text(value: str) -> Callable:
+        data = value.encode("utf-8", errors="surrogateescape")
+        return lambda f: f.write(data)
+
+    # external data first, the model that names it next (renamed in this order once all are on the disk)
+    write_files_atomic([*((path, fill, getattr(fill, "into", None)) for path, fill in mixed_files),
+                        (paths["add_constraints"], text(script), None),
+                        (paths["layer_precisions"], text(json.dumps(strings, indent=2) + "\n"), None),
+                        (paths["report"], text(report), None)])
     if mixed and len(mixed_files) == 1:  # one file now: a .data file of an earlier, larger run is stale
         remove_file(out / "model.mixed.onnx.data")
-    write_text_atomic(paths["add_constraints"], script)
-    write_text_atomic(paths["layer_precisions"], json.dumps(strings, indent=2) + "\n")
-    write_text_atomic(paths["report"], report)
     constraints.timings["artifacts"] = time.perf_counter() - t0
     constraints.write(paths["constraints"])  # last: its presence means the set is complete
     return paths
