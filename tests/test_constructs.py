@@ -174,10 +174,10 @@ def test_model_beyond_the_protobuf_limit_loads_by_path_and_writes_external_data(
     from bisector.model import catalog as catalog_mod
     from bisector.model import golden
 
-    from bisector.artifacts import write
+    from bisector.artifacts import data_file
 
     monkeypatch.setattr(catalog_mod, "PROTOBUF_LIMIT", 1500)
-    monkeypatch.setattr(write, "EXTERNAL_MIN_BYTES", 16)
+    monkeypatch.setattr(data_file, "EXTERNAL_MIN_BYTES", 16)
     model = tmp_path / "m" / "external_data.onnx"
     model.parent.mkdir()
     for f in CONSTRUCTS.glob("external_data.onnx*"):

@@ -4,12 +4,11 @@ dropped, and nothing is left behind by a failure or a discard."""
 
 from __future__ import annotations
 
-import numpy as np
 import onnx
 import pytest
 from onnx import numpy_helper
 
-from bisector.artifacts import prewrite, write
+from bisector.artifacts import data_file, prewrite, write
 from bisector.files import write_file_atomic
 from bisector.fp16.plan import Plan
 from bisector.model import weights as weight_store
@@ -24,7 +23,7 @@ CNN = FIXTURES / "exported" / "cnn.onnx"
 def small_external(monkeypatch):
     """The CNN's weights count as large: detached, and its mixed model goes to .onnx + .onnx.data."""
     monkeypatch.setattr(weight_store, "DETACH_MIN_BYTES", 64)
-    monkeypatch.setattr(write, "EXTERNAL_DATA_FROM_BYTES", 0)
+    monkeypatch.setattr(data_file, "EXTERNAL_DATA_FROM_BYTES", 0)
 
 
 def _write(cat, plan, path, prewritten=None):
@@ -68,9 +67,9 @@ def _unused_share(cat, plan) -> float:
 
     _, everything = build_mixed_detached(cat, frozenset())
     _, final = build_mixed_detached(cat, plan)
-    keys = {prewrite.value_key(n, v) for n, v in final.items()}
+    keys = {data_file.value_key(n, v) for n, v in final.items()}
     total = sum(v.nbytes for v in everything.values())
-    return sum(v.nbytes for n, v in everything.items() if prewrite.value_key(n, v) not in keys) / total
+    return sum(v.nbytes for n, v in everything.items() if data_file.value_key(n, v) not in keys) / total
 
 
 def test_a_prewritten_file_the_final_model_reads_little_of_is_dropped(tmp_path, small_external):

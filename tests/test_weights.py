@@ -10,7 +10,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from bisector.artifacts import write
+from bisector.artifacts import data_file, write
 from bisector.fp16.mixed import build_mixed_model
 from bisector.fp16.plan import Plan
 from bisector.model import weights as weight_store
@@ -93,7 +93,7 @@ def test_large_mixed_models_stream_their_weights_to_external_data(tmp_path, monk
     plan = Plan(frozenset(cat.candidates[::3]), cat.candidates)
     feeds = generate_inputs(cat, {}, {})[0]
     single = _session(build_mixed_model(cat, plan)).run(None, feeds)
-    monkeypatch.setattr(write, "EXTERNAL_DATA_FROM_BYTES", 0)
+    monkeypatch.setattr(data_file, "EXTERNAL_DATA_FROM_BYTES", 0)
     path = tmp_path / "model.mixed.onnx"
     files = write.mixed_model_files(cat, plan, path)
     assert [p.name for p, _ in files] == ["model.mixed.onnx.data", "model.mixed.onnx"]
@@ -121,7 +121,7 @@ def test_fp16_copies_are_converted_while_writing_at_most_two_at_once(tmp_path, m
     cat = Catalog.load(CNN)
     plan = Plan(frozenset(), cat.candidates)  # every weight read as FP16
     if external:
-        monkeypatch.setattr(write, "EXTERNAL_DATA_FROM_BYTES", 0)
+        monkeypatch.setattr(data_file, "EXTERNAL_DATA_FROM_BYTES", 0)
     monkeypatch.setattr(weight_store, "DETACH_MIN_BYTES", 64)  # every weight of the small CNN is detached
     alive: list = []
     most = [0]
@@ -185,7 +185,7 @@ def test_mixed_model_from_the_searchs_rounded_weights_is_the_same_file(tmp_path,
 def test_convert_writes_external_data_for_large_weights(tmp_path, monkeypatch):
     from bisector.app.convert import convert
 
-    monkeypatch.setattr(write, "EXTERNAL_DATA_FROM_BYTES", 0)
+    monkeypatch.setattr(data_file, "EXTERNAL_DATA_FROM_BYTES", 0)
     out = tmp_path / "x.onnx"
     convert(CNN, out, fp16=True, fp32=[])
     assert (tmp_path / "x.onnx.data").stat().st_size > 0

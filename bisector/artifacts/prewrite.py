@@ -31,6 +31,7 @@ from typing import Mapping
 
 import numpy as np
 
+from bisector.artifacts import data_file
 from bisector.files import AtomicFile
 from bisector.fp16 import fastcast
 from bisector.model import weights as weight_store
@@ -38,18 +39,7 @@ from bisector.model.catalog import Catalog
 
 log = logging.getLogger("bisector")
 
-ALIGN = 4096  # as onnx.save_model aligns external data, so that runtimes can map it
 MAX_UNUSED_SHARE = 0.2  # at most this share of a reused data file may be bytes the final model does not read
-
-
-def value_key(name: str, value) -> tuple:
-    """What a weight's bytes are known by: its name in the mixed model, element type and shape."""
-    return name, np.dtype(value.dtype).str, tuple(int(d) for d in np.shape(value))
-
-
-def key_bytes(key: tuple) -> int:
-    """The size of the weight `value_key` names."""
-    return np.dtype(key[1]).itemsize * int(np.prod(key[2], dtype=np.int64))
 
 
 class WeightPrewrite:
@@ -71,25 +61,22 @@ class WeightPrewrite:
     @classmethod
     def start(cls, catalog: Catalog, mixed_path: Path) -> "WeightPrewrite | None":
         """Begin writing the data file of `mixed_path`'s mixed model, or None where that model would be one file
-        (its weights below `write.EXTERNAL_DATA_FROM_BYTES`: little to gain) or has no candidates."""
-        from bisector.artifacts.write import stays_one_file
+        (its weights below `data_file.EXTERNAL_DATA_FROM_BYTES`: little to gain) or has no candidates."""
         from bisector.fp16.mixed import build_mixed_detached
 
         if not catalog.candidates or os.environ.get("BISECTOR_PREWRITE", "1") == "0":  # =0: write after the search
             return None
-        from bisector.artifacts.write import EXTERNAL_DATA_FROM_BYTES
-
         # Without building the mixed model (0.44 s on a 5000-node chain): its weights are at most the model's with
         # an FP16 copy beside each (an FP32 reader keeps the original), so below this it is one file for sure.
         held = sum(int(np.asarray(v).nbytes) for v in catalog.weight_arrays.values()) + catalog.model.ByteSize()
-        if 1.5 * held < EXTERNAL_DATA_FROM_BYTES:
+        if 1.5 * held < data_file.EXTERNAL_DATA_FROM_BYTES:
             return None
         try:
             model, values = build_mixed_detached(catalog, frozenset())  # every candidate FP16
         except Exception as exc:  # noqa: BLE001 - the writer after the search meets it again and reports it
             log.debug("not prewriting the mixed model's weights: %s", exc)
             return None
-        if stays_one_file(model, values):
+        if data_file.stays_one_file(model, values):
             return None
         self = cls(Path(mixed_path).with_name(Path(mixed_path).name + ".data"), values)
         self._thread.start()
@@ -107,11 +94,11 @@ class WeightPrewrite:
             self._error = exc
 
     def _put(self, f, name: str, raw: np.ndarray) -> None:
-        pad = (-self._size) % ALIGN
+        pad = (-self._size) % data_file.ALIGN
         if pad:
             f.write(bytes(pad))
         f.write(memoryview(raw.reshape(-1).view(np.uint8)))
-        self._offsets[value_key(name, raw)] = self._size + pad
+        self._offsets[data_file.value_key(name, raw)] = self._size + pad
         self._size += pad + raw.nbytes
         self._written += 1
 

@@ -40,20 +40,20 @@ def render_report(catalog: Catalog, c: Constraints, strings: dict, extra: str = 
         f"- Golden outputs: {text(c.golden.source)}; inputs: {text(c.inputs.get('source'))} ({c.inputs.get('sets')} set(s))",
         f"- Tolerances: {code(c.tolerances)}",
         f"- Model sha256: `{c.model_sha256}`",
-        *([f"- **Recurrent nodes in FP16 judged with FP32 math inside:** "
+        *(["- **Recurrent nodes in FP16 judged with FP32 math inside:** "
            + ", ".join(f"{code(n)} ({text(catalog.nodes[n].op_type)})" for n in loose)
            + ". ORT-CUDA's FP16 kernels compute every step in half precision (an LSTM alone: 3.3 x the emulated "
            "excess on an H100; TensorRT not measured): `--fp16-arithmetic gpu` computes the common forms that way, "
            "and `--confirm-on` judges the set where it will run."]
           if loose else []),
-        *([f"- **Not judged: FP16 inside If branches.** "
+        *(["- **Not judged: FP16 inside If branches.** "
            + ", ".join(f"{code(n)} ({k} nodes inside)" for n, k in c.unjudged_branches.items())
            + ": each If was lowered as one unit and its branches computed FP32 in every verdict. So every artifact "
            "builds what was judged: `model.mixed.onnx` keeps the branches FP32, and `add_constraints.py` and the "
            "layer-precision flags keep these If nodes FP32, branches included (a plain TensorRT 10 FP16 build "
            "would run them in FP16, which nothing judged). `--backend tensorrt` judges FP16 inside them."]
           if c.unjudged_branches else []),
-        *([f"- **Outputs finer than FP16:** " + "; ".join(
+        *(["- **Outputs finer than FP16:** " + "; ".join(
             f"{code(k)}: {v['elements']} of {v['of']} values have no FP16 value within the tolerance"
             + (f" (kept FP32 from the start: {', '.join(code(n) for n in v['nodes'])})" if v.get('kept_from_start')
                else f" ({', '.join(code(n) for n in v['nodes'])} must be FP32 where it is stored in FP16)"

@@ -18,7 +18,9 @@ from bisector.fp16.mixed import build_mixed_detached
 from bisector.model import weights as weight_store
 from bisector.artifacts.add_constraints import add_constraints_for, layer_precision_strings_for
 from bisector.artifacts.constraints import Constraints
-from bisector.artifacts.prewrite import ALIGN, MAX_UNUSED_SHARE, WeightPrewrite, key_bytes, value_key
+from bisector.artifacts import data_file
+from bisector.artifacts.data_file import ALIGN, key_bytes, value_key
+from bisector.artifacts.prewrite import MAX_UNUSED_SHARE, WeightPrewrite
 from bisector.files import AtomicFile, clean_stale_temporaries, ensure_dir, remove_file, write_files_atomic
 from bisector.artifacts.report import render_report
 
@@ -93,32 +95,19 @@ def write_artifacts(out_dir: Path, catalog: Catalog, constraints: Constraints, e
     return paths
 
 
-EXTERNAL_MIN_BYTES = 1024  # initializers at least this large go to the .data file of a large mixed model
-# Mixed models whose weights pass this go to .onnx + .onnx.data, streamed from the arrays: one file would mean a
-# protobuf of every weight plus its serialised bytes at once (a 1.27 GB model: 2.8 GB peak writing it).
-EXTERNAL_DATA_FROM_BYTES = 256 * 2**20
-
-
 def mixed_model_files(catalog: Catalog, plan, path: Path, rounded: Mapping[str, np.ndarray] | None = None,
                       prewritten: "WeightPrewrite | None" = None) -> list[tuple[Path, Callable]]:
     """The mixed model of `plan` as files to write, checked with onnx.checker before anything is written: one
-    .onnx; or .onnx + .onnx.data when its weights pass EXTERNAL_DATA_FROM_BYTES or the model would pass
+    .onnx; or .onnx + .onnx.data when its weights pass `data_file.EXTERNAL_DATA_FROM_BYTES` or the model would pass
     protobuf's 2 GB, the data streamed from the arrays. `prewritten`: the data file begun while the search ran
     (artifacts.prewrite): its weights are reused where the final model reads them, and the .data entry's fill
     carries the open file as `fill.into` (for `write_file_atomic(path, fill, into=fill.into)`)."""
     model, values = build_mixed_detached(catalog, plan, rounded)
-    if stays_one_file(model, values):
+    if data_file.stays_one_file(model, values):
         if prewritten is not None:
             prewritten.discard()
         return [_one_file(model, values, path)]
     return _external_files(model, values, path, prewritten)
-
-
-def stays_one_file(model: onnx.ModelProto, values: Mapping[str, object]) -> bool:
-    """Whether a detached mixed model is written as one .onnx (weights below EXTERNAL_DATA_FROM_BYTES and the
-    whole within protobuf's 2 GB) rather than .onnx + .onnx.data."""
-    weight_bytes = sum(int(v.nbytes) for v in values.values())  # arrays and FP16Copy: sizes, nothing converted
-    return weight_bytes < EXTERNAL_DATA_FROM_BYTES and model.ByteSize() + weight_bytes <= _catalog.PROTOBUF_LIMIT
 
 
 def _one_file(model: onnx.ModelProto, values: dict, path: Path) -> tuple[Path, Callable]:
@@ -134,14 +123,14 @@ def _one_file(model: onnx.ModelProto, values: dict, path: Path) -> tuple[Path, C
 
 def _external_files(model: onnx.ModelProto, values: dict, path: Path,
                     prewritten: "WeightPrewrite | None" = None) -> list[tuple[Path, Callable]]:
-    """`model` as .onnx + .onnx.data: the stubs' `values` and inline initializers from EXTERNAL_MIN_BYTES up go
+    """`model` as .onnx + .onnx.data: the stubs' `values` and inline initializers from `data_file.EXTERNAL_MIN_BYTES` up go
     to the data file, written straight from the arrays (after a prewritten file's content, reusing its weights)."""
     data_path = path.with_name(path.name + ".data")
     moved: list[tuple[TensorProto, object]] = []  # (initializer, array or FP16Copy) that go to the data file
     for init in model.graph.initializer:
         if weight_store.is_stub(init):
             moved.append((init, values[init.name]))
-        elif init.ByteSize() >= EXTERNAL_MIN_BYTES:
+        elif init.ByteSize() >= data_file.EXTERNAL_MIN_BYTES:
             moved.append((init, np.ascontiguousarray(numpy_helper.to_array(init))))
     into, offsets, begun = _reusable(prewritten, moved)
     offset = begun
