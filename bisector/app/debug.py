@@ -12,7 +12,6 @@ default strategy runs (a 1-minimal named set); `mode="bisect"|"linear"` gives Po
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import inspect
 import logging
@@ -20,7 +19,7 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional
 
@@ -49,7 +48,6 @@ from bisector.errors import BuildFailure, UsageError
 from bisector.files import ensure_dir, write_text_atomic
 from bisector.fp16.plan import Plan
 from bisector.search.check_oracle import (
-    CheckError,
     CheckJournal,
     CheckOracle,
     CheckVerdict,

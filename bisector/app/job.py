@@ -6,7 +6,7 @@ Every API function builds its pieces here from the typed option groups, in the o
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 

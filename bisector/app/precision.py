@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-import onnx
 
 from bisector import __version__
 from bisector.app.job import Job, build_job, unjudged_branches
@@ -25,6 +24,7 @@ from bisector.search.judge import Verdict
 
 if TYPE_CHECKING:
     from bisector.artifacts.constraints import Constraints
+    from bisector.search.executors import Evaluate
 
 log = logging.getLogger("bisector")
 

@@ -23,7 +23,6 @@ from bisector.model.graph import (
     constant_value,
     consumers,
     weightless_copy,
-    copy_without_initializers,
     has_subgraph,
     inner_nodes,
     node_reads,

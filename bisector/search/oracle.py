@@ -13,8 +13,6 @@ the journal, sends only new plans — never more than the budget has left — jo
 from __future__ import annotations
 
 import math
-import time
-from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
 from bisector.backends.base import Backend

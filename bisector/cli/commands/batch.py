@@ -29,7 +29,6 @@ def batch(
 ) -> None:
     """Run several models from a config file; print a summary; exit non-zero if any model regressed."""
     from rich.console import Console
-    from rich.table import Table
 
     from bisector.app import api
 

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from bisector.app import api
-from bisector.cli.options import raw_stream, safe_table, JsonOut, Model, Verbose, setup_logging, write_json
+from bisector.cli.options import raw_stream, safe_table, JsonOut, Verbose, setup_logging, write_json
 
 
 def inspect(
@@ -101,7 +101,6 @@ def _print_data(path: Path) -> None:
 
 def _print(doc: dict[str, Any]) -> None:
     from rich.console import Console
-    from rich.table import Table
 
     console = Console(file=raw_stream(sys.stdout), markup=False, highlight=False)
     if not console.is_terminal:

@@ -53,7 +53,6 @@ def profile(model: Model, fp16: Fp16 = True, fp32: Fp32Nodes = None, constraints
 
 def _print_table(nodes: list[dict], highlight: frozenset[str], top: int) -> None:
     from rich.console import Console
-    from rich.table import Table
 
     table = safe_table(title=f"FP16 sensitivity, top {min(top, len(nodes))} of {len(nodes)} (score > 1: fails on its own)")
     for col, just in (("rank", "right"), ("node", "left"), ("FP32", "center"), ("op", "left"), ("score", "right"), ("local", "right"),
