@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Mapping, Sequence
 
+from bisector.packed_sets import SetMemo
+
 
 class Asker:
     """Asks ``passes`` at most once per set, remembers answers, tracks the best passing set, reports progress.
@@ -21,7 +23,9 @@ class Asker:
         self.candidates = list(candidates)
         self.index = {n: i for i, n in enumerate(self.candidates)}
         self._passes = passes
-        self.memo: dict[frozenset[str], bool] = {}
+        # every set asked, as a bit mask over the candidates (a diffuse search asks thousands of sets of
+        # thousands of nodes: as frozensets they weighed more than the model's inference; packed_sets)
+        self.memo: SetMemo = SetMemo(self.candidates)
         self.best: frozenset[str] | None = None
         self.phase = "start"
         progress = hints.get("progress")
@@ -45,8 +49,9 @@ class Asker:
 
     def __call__(self, s: Iterable[str]) -> bool:
         s = frozenset(s)
-        if s in self.memo:
-            return self.memo[s]
+        known = self.memo.get(s)
+        if known is not None:
+            return known
         self.rounds += 1
         ok = bool(self._passes(s))
         self._record(s, ok)

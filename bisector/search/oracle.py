@@ -23,6 +23,7 @@ from bisector.budget import (  # BudgetExhausted is part of the strategy protoco
 from bisector.compare import Tolerance
 from bisector.fp16.plan import Plan
 from bisector.search.judge import Verdict, judge, summed_seconds
+from bisector.packed_sets import SetMemo
 from bisector.search.screen import Screen
 from bisector.model.polyjson import Feeds
 
@@ -57,7 +58,9 @@ class Oracle:
         self.journal = journal
         self.budget = budget or Budget()
         self.on_verdict = on_verdict
-        self.verdicts: dict[frozenset[str], Verdict] = {}
+        # Every plan asked, and its verdict, for the search's whole length: keyed, and the verdicts' `fp32` held,
+        # as bit masks over the candidates (bisector.packed_sets), asked with any set of names
+        self.verdicts: SetMemo = SetMemo(self.candidates)
         self.new = 0
         self.cached = 0
         self.history: list[Verdict] = []  # distinct verdicts in the order they were first asked
@@ -79,8 +82,9 @@ class Oracle:
         passing = [v.fp32 for v in self.history if v.passed]
         if not passing:
             return None
+        smallest = min(len(s) for s in passing)
         order = {n: i for i, n in enumerate(self.candidates)}
-        return min(passing, key=lambda s: (len(s), sorted(order[n] for n in s)))
+        return frozenset(min((s for s in passing if len(s) == smallest), key=lambda s: sorted(order[n] for n in s)))
 
     def passes(self, fp32: frozenset[str]) -> bool:
         return self.evaluate(frozenset(fp32)).passed
@@ -105,7 +109,7 @@ class Oracle:
                 self.journal.record(plan, verdict)
             self.new += 1
             self.rounds += 1
-        self.verdicts[fp32] = verdict
+        self._store(fp32, verdict)
         self.history.append(verdict)
         if self.on_verdict is not None:
             self.on_verdict(verdict)
@@ -130,7 +134,7 @@ class Oracle:
                 "pass" if known.passed else "fail", "pass" if fresh.passed else "fail")
         if self.journal is not None:
             self.journal.record(plan, fresh)
-        self.verdicts[fp32] = fresh
+        self._store(fp32, fresh)
         return fresh
 
     def whole(self, fp32: frozenset[str]) -> Verdict:
@@ -155,7 +159,7 @@ class Oracle:
             self.screen.screened -= 1
         if self.journal is not None:
             self.journal.record(plan, full)
-        self.verdicts[fp32] = full
+        self._store(fp32, full)
         self.history[:] = [full if v is known else v for v in self.history]  # in place: callers may hold it
         return full
 
@@ -232,7 +236,7 @@ class Oracle:
                         if self.journal is not None:
                             self.journal.record(Plan(todo[i], self.candidates), verdict)
                         self.new += 1
-                        self.verdicts[todo[i]] = verdict
+                        self._store(todo[i], verdict)
                         fresh[todo[i]] = verdict
                         if self.on_verdict is not None:
                             self.on_verdict(verdict)
@@ -246,8 +250,13 @@ class Oracle:
             raise stop
         return [resolved[s] for s in fsets]
 
+    def _store(self, fp32: frozenset[str], verdict: Verdict) -> None:
+        """Remember `verdict` as the verdict of `fp32`; its `fp32` becomes the memo's packed form of the set."""
+        verdict.fp32 = self.verdicts.pack(fp32)  # type: ignore[assignment]  # reads as the frozenset it packs
+        self.verdicts[verdict.fp32] = verdict
+
     def _remember(self, s: frozenset[str], verdict: Verdict) -> None:
-        self.verdicts[s] = verdict
+        self._store(s, verdict)
         self.history.append(verdict)
         if self.on_verdict is not None:
             self.on_verdict(verdict)
