@@ -43,10 +43,22 @@ class _AllFail(Exception):
     """Even all candidates in FP32 fail: nothing to search."""
 
 
+_LGAMMA: list[float] = [math.inf]  # _LGAMMA[i] == math.lgamma(i) for i >= 1 (a pole at 0), filled on demand
+
+
+def _lgammas(n: int) -> list[float]:
+    """math.lgamma(i) for i < n at least, as a list: the posterior's sums ask the same few thousand values
+    millions of times in a long diffuse search (a 1200-node chain: 11 M lgamma calls, ~10% of its wall)."""
+    if len(_LGAMMA) < n:
+        _LGAMMA.extend(math.lgamma(i) for i in range(len(_LGAMMA), n))
+    return _LGAMMA
+
+
 def _log_comb(n: int, k: int) -> float:
     if k < 0 or k > n:
         return -math.inf
-    return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+    lg = _lgammas(n + 2)
+    return lg[n + 1] - lg[k + 1] - lg[n - k + 1]
 
 
 POST_CACHE_SIZE = 64  # posteriors remembered (`_posterior`)
@@ -114,9 +126,11 @@ class GroupTesting:
     def _p_clean(post: list[tuple[int, float]], u: int, g: int) -> float:
         """P(a given group of g undecided nodes holds no culprit)."""
         total = 0.0
+        lg = _lgammas(u + 2)
         for m, w in post:
-            if m <= u - g:
-                total += w * math.exp(_log_comb(u - g, m) - _log_comb(u, m))
+            if m <= u - g:  # _log_comb(u - g, m) - _log_comb(u, m), inlined (same operations, same order)
+                total += w * math.exp((lg[u - g + 1] - lg[m + 1] - lg[u - g - m + 1])
+                                      - (lg[u + 1] - lg[m + 1] - lg[u - m + 1]))
         return total
 
     def _closest_half(self, f: Callable[[int], float], lo: int, hi: int) -> int:

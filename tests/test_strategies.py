@@ -244,3 +244,28 @@ def test_batch_hint_same_result(cls):
     assert is_one_minimal(g, batched) and is_one_minimal(g, plain)
     if cls is Auto:
         assert sizes  # the final single-removal checks go through batch
+
+
+def test_group_testings_cached_log_binomials_are_the_direct_formulas_bit_for_bit():
+    """`gt`'s posterior sums read lgamma from a cache and `_p_clean` inlines two `_log_comb`s: its decisions
+    depend on these floats, so they must be the direct formulas' exact values, not approximations of them."""
+    import math
+    import random
+
+    from strategies.gt import GroupTesting, _log_comb
+
+    rng = random.Random(7)
+    for _ in range(5000):
+        n = rng.randint(0, 4000)
+        k = rng.randint(-2, n + 2)
+        direct = -math.inf if k < 0 or k > n else math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+        assert _log_comb(n, k) == direct
+    g = GroupTesting()
+    for _ in range(100):
+        n = rng.randint(5, 1500)
+        found = rng.randint(0, n // 2)
+        u = rng.randint(1, n - found)
+        post = g._posterior(n, found, u)
+        for size in {1, u, rng.randint(1, u)}:
+            direct = sum(w * math.exp(_log_comb(u - size, m) - _log_comb(u, m)) for m, w in post if m <= u - size)
+            assert g._p_clean(post, u, size) == direct

@@ -32,6 +32,10 @@ class Read(Enum):
     ROUND = "round"
     WEIGHT = "weight"
 
+    # Hashed by identity (members are singletons), in C: the emulator's session keys hold a Read per node input
+    # and are hashed on every block run (Enum's own __hash__, in Python, was 5% of a long search's time)
+    __hash__ = object.__hash__
+
 
 @dataclass(frozen=True, eq=False)
 class RoundingPoints:
