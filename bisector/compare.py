@@ -34,14 +34,39 @@ class Tolerance:
                 "error_quantile": self.quantile, "margin": self.margin}
 
 
-def summary(a: np.ndarray, overwrite: bool = False) -> dict[str, float]:
+class Summary(Mapping):
+    """min, max, mean and median of an array, read as a mapping of those four names (``s["max"]``, ``dict(s)``).
+    A search keeps three per output per verdict (OutputComparison): as dicts they were most of a verdict's memory
+    (~330 bytes each against ~150)."""
+
+    __slots__ = ("min", "max", "mean", "median")
+    KEYS = ("min", "max", "mean", "median")
+
+    def __init__(self, lo: float, hi: float, mean: float, med: float):
+        self.min, self.max, self.mean, self.median = lo, hi, mean, med
+
+    def __getitem__(self, key: str) -> float:
+        if key not in self.KEYS:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.KEYS)
+
+    def __len__(self) -> int:
+        return 4
+
+    def __repr__(self) -> str:
+        return repr(dict(self))
+
+
+def summary(a: np.ndarray, overwrite: bool = False) -> Summary:
     """min, max, mean, median. ``overwrite``: the median may reorder ``a`` in place (the same value, without a
     copy of ``a``; for arrays the caller no longer needs in order)."""
     if a.size == 0:
-        return {"min": 0.0, "max": 0.0, "mean": 0.0, "median": 0.0}
+        return Summary(0.0, 0.0, 0.0, 0.0)
     with np.errstate(all="ignore"):
-        return {"min": float(np.min(a)), "max": float(np.max(a)), "mean": float(np.mean(a)),
-                "median": float(median(a, overwrite=overwrite))}
+        return Summary(float(np.min(a)), float(np.max(a)), float(np.mean(a)), float(median(a, overwrite=overwrite)))
 
 
 _MEDIAN_FROM = 1 << 16  # elements from which `median` brackets the middle first
@@ -101,15 +126,16 @@ def _sample_places(n: int) -> np.ndarray:
 
 # A golden output's summary is the same for every plan compared with it: kept per array while the array lives
 # (its median alone was a quarter of each comparison: 13 of 105 ms on a 960 x 1920 detector map).
-_GOLDEN_SUMMARIES: dict[int, dict[str, float]] = {}
+_GOLDEN_SUMMARIES: dict[int, Summary] = {}
 _GOLDEN_LOCK = threading.Lock()
 
 
-def _golden_summary(g: np.ndarray) -> dict[str, float]:
+def _golden_summary(g: np.ndarray) -> Mapping[str, float]:
+    """`summary(g)`, computed once per read-only golden array and shared, read-only, by every comparison with it."""
     key = id(g)
     hit = _GOLDEN_SUMMARIES.get(key)
     if hit is not None:
-        return dict(hit)
+        return hit
     out = summary(g)
     if g.flags.writeable:  # an array that may change under us is summarised each time
         return out
@@ -120,10 +146,12 @@ def _golden_summary(g: np.ndarray) -> dict[str, float]:
             except TypeError:
                 return out
             _GOLDEN_SUMMARIES[key] = out
-    return dict(out)
+    return _GOLDEN_SUMMARIES.get(key, out)
 
 
-@dataclass
+# Slotted: a search keeps one per output per verdict for its whole length (a 60-output model's 2773-evaluation
+# search held 166 k of them; docs/benchmarks.md, "Scale, twentieth round")
+@dataclass(slots=True)
 class OutputComparison:
     name: str
     passed: bool
@@ -132,10 +160,10 @@ class OutputComparison:
     rtol: float
     required_abs: float  # the statistic of absdiff: the smallest atol that would pass on its own
     required_rel: float
-    abs: dict[str, float]
-    rel: dict[str, float]
-    actual: dict[str, float]
-    golden: dict[str, float]
+    abs: Mapping[str, float]
+    rel: Mapping[str, float]
+    actual: Mapping[str, float]
+    golden: Mapping[str, float]
     mismatches: int = 0  # elemwise failing elements
     size: int = 0
     reason: str = ""
@@ -150,7 +178,7 @@ class OutputComparison:
         return {
             "passed": self.passed, "stat": self.stat, "atol": self.atol, "rtol": self.rtol,
             "required_tolerance": {"abs": self.required_abs, "rel": self.required_rel},
-            "actual": self.actual, "golden": self.golden, "abs": self.abs, "rel": self.rel,
+            "actual": dict(self.actual), "golden": dict(self.golden), "abs": dict(self.abs), "rel": dict(self.rel),
             "mismatches": self.mismatches, "size": self.size, "excess": _finite_or_none(self.excess),
             "margin": self.margin, **({"reason": self.reason} if self.reason else {}),
         }
