@@ -41,20 +41,21 @@ class Asker:
         self._excess = excess if callable(excess) else None
 
     # ------------------------------------------------------------------ asking
-    def _record(self, s: frozenset[str], ok: bool) -> None:
-        self.memo[s] = ok
+    def _record(self, s: frozenset[str], ok: bool, key=None) -> None:
+        self.memo.set_key(self.memo.key(s) if key is None else key, ok)
         if ok and (self.best is None or len(s) < len(self.best)):
             self.best = s
         self.report(len(s))
 
     def __call__(self, s: Iterable[str]) -> bool:
         s = frozenset(s)
-        known = self.memo.get(s)
+        key = self.memo.key(s)
+        known = self.memo.get_key(key)
         if known is not None:
             return known
         self.rounds += 1
         ok = bool(self._passes(s))
-        self._record(s, ok)
+        self._record(s, ok, key)
         return ok
 
     @property

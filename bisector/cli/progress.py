@@ -106,7 +106,7 @@ class SearchProgress:
         else:
             self.new += 1
             self.eval_seconds += sum(getattr(verdict, "seconds", {}).values())
-        fp32 = frozenset(getattr(verdict, "fp32", ()))
+        fp32 = getattr(verdict, "fp32", frozenset())  # kept as it is (a search's sets are packed: no copy)
         self.last_size, self.last_passed = len(fp32), bool(verdict.passed)
         if verdict.passed and (self.best is None or len(fp32) < len(self.best)):
             self.best = fp32

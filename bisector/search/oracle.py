@@ -93,7 +93,8 @@ class Oracle:
         fp32 = frozenset(fp32)
         if self.executor is not None:
             return self.evaluate_many([fp32], count=count)[0]
-        known = self.verdicts.get(fp32)
+        key = self.verdicts.key(fp32)
+        known = self.verdicts.get_key(key)
         if known is not None:
             return known
         plan = Plan(fp32, self.candidates)
@@ -109,7 +110,7 @@ class Oracle:
                 self.journal.record(plan, verdict)
             self.new += 1
             self.rounds += 1
-        self._store(fp32, verdict)
+        self._store(fp32, verdict, key)
         self.history.append(verdict)
         if self.on_verdict is not None:
             self.on_verdict(verdict)
@@ -250,10 +251,12 @@ class Oracle:
             raise stop
         return [resolved[s] for s in fsets]
 
-    def _store(self, fp32: frozenset[str], verdict: Verdict) -> None:
-        """Remember `verdict` as the verdict of `fp32`; its `fp32` becomes the memo's packed form of the set."""
-        verdict.fp32 = self.verdicts.pack(fp32)  # type: ignore[assignment]  # reads as the frozenset it packs
-        self.verdicts[verdict.fp32] = verdict
+    def _store(self, fp32: frozenset[str], verdict: Verdict, key=None) -> None:
+        """Remember `verdict` as the verdict of `fp32`; its `fp32` becomes the memo's packed form of the set
+        (`key`: the memo's key of `fp32`, where the caller has it)."""
+        key = self.verdicts.key(fp32) if key is None else key
+        verdict.fp32 = self.verdicts.packed(key, len(fp32))  # type: ignore[assignment]  # reads as the frozenset
+        self.verdicts.set_key(key, verdict)
 
     def _remember(self, s: frozenset[str], verdict: Verdict) -> None:
         self._store(s, verdict)
