@@ -207,7 +207,10 @@ def registry_cases() -> list[tuple]:
              # a wide line, the detector at a tolerance where its error is diffuse (it ranks)
              ("dddd-rec", "64x256", ["--atol", "1e-2", "--rtol", "1e-2"], None),
              ("dddd-rec", "64x1024", ["--atol", "1e-2", "--rtol", "1e-2"], {"input1": (1, 1, 64, 1024)}),
-             ("dddd-det", "416", ["--atol", "3e-3", "--rtol", "3e-3"], None)]
+             ("dddd-det", "416", ["--atol", "3e-3", "--rtol", "3e-3"], None),
+             # twentieth round: Silero's voice-activity detector (If branches; the same network inlined)
+             ("silero-vad-if", "576", ["--atol", "1e-3", "--rtol", "1e-3"], None),
+             ("silero-vad", "576", ["--atol", "1e-3", "--rtol", "1e-3"], None)]
     out = []
     for name, size, tol, shapes in cases:
         path = reg.fetch(name)

@@ -82,6 +82,18 @@ MODELS = {m.name: m for m in (
                   "6faa8ea85a8c1a634e5050c4a138fca10f30194e0d7abbe9ade1fcd423af6ed6",
                   {"images": (1, 3, 416, 416)},
                   "ddddocr's text detector (YOLOX-style, SiLU; 279 nodes, 20 MB)"),
+    # twentieth round: a voice-activity detector, no round tuned on: control flow (the op15 export computes in If
+    # branches chosen by the sample rate, an int64 input) and the same network inlined without If
+    RegistryModel("silero-vad-if", "silero-vad==6.2.3", "silero_vad/data/silero_vad_16k_op15.onnx",
+                  "7ed98ddbad84ccac4cd0aeb3099049280713df825c610a8ed34543318f1b2c49",
+                  {"input": (1, 576), "state": (2, 1, 128)},
+                  "Silero VAD v6 (STFT conv, encoder, LSTM decoder in If branches; 121 nodes, 1.3 MB)",
+                  {"input": (-1.0, 1.0), "sr": (16000, 16000)}),
+    RegistryModel("silero-vad", "silero-vad==6.2.3", "silero_vad/data/silero_vad_openvino_16k.onnx",
+                  "7776b81ad1b0350c15d7f1555943b9232eb53e9ca5d989c6d0cea9ebc8664d87",
+                  {"input": (1, 576), "state": (2, 1, 128)},
+                  "Silero VAD v6, 16 kHz, If branches inlined (167 nodes, 2.8 MB)",
+                  {"input": (-1.0, 1.0)}),
 )}
 
 
