@@ -13,11 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, MutableMapping, Set
 from operator import itemgetter
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
-
-V = TypeVar("V")
 
 
 class Universe:
@@ -138,7 +136,6 @@ class SetMemo(MutableMapping):
         members = members if isinstance(members, (set, frozenset, PackedSet)) else frozenset(members)
         mask = self.universe.mask(members)
         return frozenset(members) if mask is None else mask
-
 
     def pack(self, members: Iterable[str]) -> "PackedSet | frozenset[str]":
         return self.universe.pack(members)
