@@ -12,7 +12,9 @@ the journal, sends only new plans — never more than the budget has left — jo
 
 from __future__ import annotations
 
+import logging
 import math
+from collections import deque
 from typing import Callable, Protocol, Sequence
 
 from bisector.backends.base import Backend
@@ -32,6 +34,9 @@ class Journal(Protocol):
     def lookup(self, plan: Plan) -> Verdict | None: ...
 
     def record(self, plan: Plan, verdict: Verdict) -> None: ...
+
+
+KEEP_WHOLE = 16  # the most recent verdicts keep every output's comparison (older ones are slimmed: Verdict.slim)
 
 
 class Oracle:
@@ -64,6 +69,10 @@ class Oracle:
         self.new = 0
         self.cached = 0
         self.history: list[Verdict] = []  # distinct verdicts in the order they were first asked
+        # verdicts kept whole: the KEEP_WHOLE most recent, and that of the smallest passing set so far (the likely
+        # answer); every other one is slimmed as it leaves (`_keep_whole`)
+        self._recent: deque[Verdict] = deque()
+        self._best: Verdict | None = None
         self.executor = executor  # None: judge here with `backend`
         self.rounds = 0  # sequential rounds of new evaluations: each call costs ceil(new plans / workers)
         # `screen`: judge a new plan first on the batch item of the last failure (bisector.search.screen; in this
@@ -122,13 +131,13 @@ class Oracle:
         of a search is reported from this, so it never rests on a stored verdict alone."""
         fp32 = frozenset(fp32)
         known = self.evaluate(fp32, count=False)
+        if known.slimmed:  # some comparisons were dropped while the search went on: judged again for the report
+            return self._rejudge(fp32, known)
         if known.source != "journal" or not self.confirm_final:
             return known
         plan = Plan(fp32, self.candidates)
         fresh = self._judge(plan)  # the final set's verdict is reported: all of it, never screened
         if fresh.passed != known.passed:
-            import logging
-
             logging.getLogger("bisector").warning(
                 "the journal's verdict for the final set (%s) differs from judging it now (%s): the backend is not "
                 "deterministic, or the journal is stale; reporting the fresh verdict",
@@ -150,8 +159,6 @@ class Oracle:
         full = self._judge(plan)
         full.seconds = summed_seconds(full.seconds, known.seconds)
         if full.passed != known.passed:  # the screen's own check makes this a backend that is not deterministic
-            import logging
-
             logging.getLogger("bisector").warning("a plan that failed on batch items %s passed on the whole batch: "
                                                   "judging whole batches from now on", known.screened)
             if self.screen is not None:
@@ -251,12 +258,37 @@ class Oracle:
             raise stop
         return [resolved[s] for s in fsets]
 
+    def _rejudge(self, fp32: frozenset[str], known: Verdict) -> Verdict:
+        """`fp32` judged again in this process (not an evaluation), its verdict replacing `known` everywhere."""
+        fresh = self._judge(Plan(fp32, self.candidates))
+        if fresh.passed != known.passed:
+            logging.getLogger("bisector").warning(
+                "judging the final set again gave %s where the search saw %s: the backend is not deterministic; "
+                "reporting the fresh verdict", "pass" if fresh.passed else "fail", "pass" if known.passed else "fail")
+        fresh.source = known.source if fresh.passed == known.passed else "new"
+        self._store(fp32, fresh)
+        self.history[:] = [fresh if v is known else v for v in self.history]
+        return fresh
+
+    def _keep_whole(self, verdict: Verdict) -> None:
+        """Slim the verdict that leaves the recent window, unless it is the smallest passing set's (kept whole)."""
+        if verdict.passed and (self._best is None or len(verdict.fp32) < len(self._best.fp32)):
+            old, self._best = self._best, verdict
+            if old is not None and not any(v is old for v in self._recent):
+                old.slim()
+        self._recent.append(verdict)
+        if len(self._recent) > KEEP_WHOLE:
+            out = self._recent.popleft()
+            if out is not self._best:
+                out.slim()
+
     def _store(self, fp32: frozenset[str], verdict: Verdict, key=None) -> None:
         """Remember `verdict` as the verdict of `fp32`; its `fp32` becomes the memo's packed form of the set
         (`key`: the memo's key of `fp32`, where the caller has it)."""
         key = self.verdicts.key(fp32) if key is None else key
         verdict.fp32 = self.verdicts.packed(key, len(fp32))  # type: ignore[assignment]  # reads as the frozenset
         self.verdicts.set_key(key, verdict)
+        self._keep_whole(verdict)
 
     def _remember(self, s: frozenset[str], verdict: Verdict) -> None:
         self._store(s, verdict)

@@ -1,0 +1,96 @@
+"""What a search keeps of old verdicts: the comparisons it reads back, and every output's for the final set."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from bisector.compare import PerOutput, Tolerance
+from bisector.search import oracle as oracle_mod
+from bisector.search.oracle import Oracle
+
+OUTPUTS = [f"out{i}" for i in range(6)]
+NAMES = [f"n{i}" for i in range(12)]
+
+
+class _Stub:
+    """Six outputs; output i's error is 0.1 x (FP16 nodes among the first 2i + 2 candidates): the later outputs
+    fail first, and a plan passes with few FP16 nodes at the front."""
+
+    name = "stub"
+
+    def __init__(self):
+        self.runs = 0
+
+    def run(self, plan, feeds, outputs=None):
+        self.runs += 1
+        return {o: np.full(3, 0.1 * sum(1 for n in NAMES[: 2 * i + 2] if n in plan.fp16), np.float32)
+                for i, o in enumerate(OUTPUTS)}
+
+
+def _oracle():
+    tol = Tolerance(atol=PerOutput(0.25), rtol=PerOutput(0.0))
+    golden = [{o: np.zeros(3, np.float32) for o in OUTPUTS}]
+    backend = _Stub()
+    return Oracle(backend, NAMES, [{}], golden, tol), backend
+
+
+def _plans(count: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    seen, out = set(), []
+    while len(out) < count:
+        s = frozenset(x for x in NAMES if rng.random() < 0.7)
+        if s not in seen:
+            seen.add(s)
+            out.append(s)
+    return out
+
+
+def test_old_verdicts_keep_what_the_search_reads_and_the_recent_ones_keep_everything():
+    oracle, _ = _oracle()
+    plans = _plans(60)
+    whole = {}
+    for p in plans:
+        v = oracle.evaluate(p)
+        whole[p] = (v.passed, v.excess, list(v.failing), set(v.outputs))
+    old = oracle.history[: -oracle_mod.KEEP_WHOLE]
+    assert any(v.slimmed for v in old)  # the stub has passing outputs beside the worst: something was dropped
+    for v in oracle.history:
+        passed, excess, failing, outputs = whole[frozenset(v.fp32)]
+        assert (v.passed, v.excess, v.failing) == (passed, excess, failing)  # what a search reads is unchanged
+        assert set(failing) <= set(v.outputs)  # and the worst output's comparison is kept: `excess` above
+        if not v.slimmed:
+            assert set(v.outputs) == outputs
+    for v in oracle.history[-oracle_mod.KEEP_WHOLE:]:
+        assert not v.slimmed
+    passing = [v for v in oracle.history if v.passed]
+    smallest = min(passing, key=lambda v: len(v.fp32))
+    assert not smallest.slimmed  # the likely answer stays whole
+
+
+def test_the_final_set_is_reported_with_every_outputs_comparison_without_an_evaluation():
+    oracle, backend = _oracle()
+    plans = _plans(60, seed=1)
+    for p in plans:
+        oracle.evaluate(p)
+    slimmed = next(v for v in oracle.history if v.slimmed)
+    fp32, counted, runs = frozenset(slimmed.fp32), oracle.new, backend.runs
+    final = oracle.confirm(fp32)
+    assert not final.slimmed and set(final.outputs) == set(OUTPUTS)
+    assert final.passed == slimmed.passed and final.excess == slimmed.excess
+    assert oracle.new == counted and backend.runs == runs + 1  # judged again once, not counted
+    assert oracle.verdicts[fp32] is final and any(v is final for v in oracle.history)
+    assert not any(v is slimmed for v in oracle.history)
+    assert oracle.confirm(fp32) is final and backend.runs == runs + 1  # and only once
+
+
+def test_one_output_verdicts_are_never_slimmed():
+    tol = Tolerance(atol=PerOutput(0.25), rtol=PerOutput(0.0))
+
+    class One(_Stub):
+        def run(self, plan, feeds, outputs=None):
+            return {"y": np.full(3, 0.1 * len(plan.fp16), np.float32)}
+
+    oracle = Oracle(One(), NAMES, [{}], [{"y": np.zeros(3, np.float32)}], tol)
+    for p in _plans(40, seed=2):
+        oracle.evaluate(p)
+    assert not any(v.slimmed for v in oracle.history)
