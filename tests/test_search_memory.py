@@ -94,3 +94,34 @@ def test_one_output_verdicts_are_never_slimmed():
     for p in _plans(40, seed=2):
         oracle.evaluate(p)
     assert not any(v.slimmed for v in oracle.history)
+
+
+def test_weights_a_model_computes_with_constantofshape_count_as_the_sessions_own_copies():
+    """ONNX Runtime folds a ConstantOfShape of a constant shape into an initializer of each session that holds it,
+    and a Conv reading it keeps it again in its own layout: such bytes count in the executor's copies budget (the
+    onnx package's "light" models compute every Conv weight this way)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from bisector.backends.emulate.backend import EmulateBackend
+    from bisector.fp16.plan import Plan
+    from bisector.model.catalog import Catalog
+
+    shape = numpy_helper.from_array(np.array([8, 4, 3, 3], np.int64), "w_shape")
+    nodes = [helper.make_node("ConstantOfShape", ["w_shape"], ["w"], name="make_w",
+                              value=helper.make_tensor("v", TensorProto.FLOAT, [1], [0.01])),
+             helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["y"], name="relu")]
+    graph = helper.make_graph(nodes, "light", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])], [shape])
+    cat = Catalog.from_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    backend = EmulateBackend()
+    backend.open(cat)
+    feeds = {"x": np.ones((1, 4, 8, 8), np.float32)}
+    out = backend.run(Plan(frozenset(), cat.candidates), feeds, ["y"])["y"]
+    assert out.shape == (1, 8, 8, 8)
+    executor = backend.executor
+    sessions = list(executor._sessions.values())
+    assert sessions
+    folded = 8 * 4 * 3 * 3 * 4
+    assert max(getattr(s, "_bisector_copies", 0) for s in sessions) >= 2 * folded  # folded, then Conv's layout
+    assert executor._copies_held >= 2 * folded
