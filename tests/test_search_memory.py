@@ -125,3 +125,24 @@ def test_weights_a_model_computes_with_constantofshape_count_as_the_sessions_own
     folded = 8 * 4 * 3 * 3 * 4
     assert max(getattr(s, "_bisector_copies", 0) for s in sessions) >= 2 * folded  # folded, then Conv's layout
     assert executor._copies_held >= 2 * folded
+
+
+def test_the_copies_budget_counts_the_weights_a_model_computes_from_constant_shapes():
+    """A model whose Conv weights all come from ConstantOfShape (the light ResNet-50: ~100 MB of them) gets the
+    copies budget a model with those weights as initializers gets; at the 32 MB floor it kept two block variants
+    and rebuilt the others at every evaluation (6.6x slower). Nothing is run: the shape alone says the size."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from bisector.backends.emulate import executor as ex
+    from bisector.model.catalog import Catalog
+
+    shape = numpy_helper.from_array(np.array([1024, 1024, 3, 3], np.int64), "w_shape")  # 36 MiB of float32
+    nodes = [helper.make_node("ConstantOfShape", ["w_shape"], ["w"], name="make_w",
+                              value=helper.make_tensor("v", TensorProto.FLOAT, [1], [0.01])),
+             helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(nodes, "light", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1024, 4, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1024, 4, 4])], [shape])
+    cat = Catalog.from_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    executor = ex.NodeExecutor(cat)
+    weight = 1024 * 1024 * 9 * 4
+    assert executor.copies_budget >= 2 * weight > ex.COPIES_BUDGET_MIN

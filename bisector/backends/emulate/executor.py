@@ -92,8 +92,12 @@ class NodeExecutor:
         # the model's constant weights (plain inference holds one), at least COPIES_BUDGET_MIN.
         self._copies_held = 0
         constant = {t for n in catalog.model.graph.node if n.op_type in weight_store.BUILD_ONLY_OPS for t in n.input}
+        # Weights the model computes from a constant shape (ConstantOfShape) are constants ORT folds into each
+        # session too (`_folded_bytes`): counted here as well, or a model made of them (the onnx package's light
+        # ResNet-50: 100 MB of them) kept two variants at most and rebuilt the rest at every evaluation (6.6x slower)
         self.copies_budget = max(COPIES_BUDGET_MIN, 2 * sum(
-            int(np.asarray(v).nbytes) for t, v in self.weights.items() if t in constant))
+            int(np.asarray(v).nbytes) for t, v in self.weights.items() if t in constant)
+            + self._folded_bytes(catalog.model.graph.node))
         # Converted weights go to a page file once and stay there for the search (`bisector.model.pages`): like
         # the model's own weights (`weights.page_inline`) they are a file's pages, given back after each session
         # build and run that read them, and outside the budgets above. Where the file cannot be written they are
