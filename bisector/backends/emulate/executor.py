@@ -14,6 +14,7 @@ emulation of the whole graph would do, at ORT's vectorised cast speed.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 import weakref
@@ -424,9 +425,9 @@ class NodeExecutor:
                 continue
             value = next((a.t for a in n.attribute if a.name == "value"), None)
             itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(value.data_type)).itemsize if value is not None else 4
-            size = int(np.prod(np.maximum(shape, 0), dtype=np.int64)) * itemsize
-            read_by_conv = any(r.op_type in weight_store.BUILD_ONLY_OPS for r, _ in self.catalog.consumers.get(n.output[0], []))
-            total += size * (2 if read_by_conv else 1)
+            size = math.prod(max(int(d), 0) for d in shape) * itemsize  # Python ints: no overflow on odd shapes
+            readers = self.catalog.consumers.get(n.output[0], [])
+            total += size * (2 if any(r.op_type in weight_store.BUILD_ONLY_OPS for r, _ in readers) else 1)
         return total
 
     def _session(self, nodes, what: str, inputs: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
