@@ -137,9 +137,6 @@ class SetMemo(MutableMapping):
         mask = self.universe.mask(members)
         return frozenset(members) if mask is None else mask
 
-    def pack(self, members: Iterable[str]) -> "PackedSet | frozenset[str]":
-        return self.universe.pack(members)
-
     def key(self, members: Iterable[str]) -> bytes | frozenset:
         """The memo's key for `members` (their mask), for `get_key`/`set_key`: one packing per set asked."""
         return self._key(members)

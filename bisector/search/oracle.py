@@ -127,24 +127,28 @@ class Oracle:
 
     def confirm(self, fp32: frozenset[str]) -> Verdict:
         """The verdict of `fp32`, judged by the backend in this process: a verdict that came from the journal of an
-        earlier run is judged again (not counted as an evaluation; the journal entry is replaced). The final set
-        of a search is reported from this, so it never rests on a stored verdict alone."""
+        earlier run is judged again (not counted as an evaluation; the journal entry is replaced), and so is one
+        whose comparisons were slimmed during the search. The final set of a search is reported from this, so it
+        never rests on a stored verdict alone, nor on part of one."""
         fp32 = frozenset(fp32)
         known = self.evaluate(fp32, count=False)
-        if known.slimmed:  # some comparisons were dropped while the search went on: judged again for the report
-            return self._rejudge(fp32, known)
-        if known.source != "journal" or not self.confirm_final:
+        from_journal = known.source == "journal" and self.confirm_final
+        # a slimmed verdict (Verdict.slim) lost comparisons the report shows: judged again as well
+        if not (from_journal or known.slimmed):
             return known
         plan = Plan(fp32, self.candidates)
         fresh = self._judge(plan)  # the final set's verdict is reported: all of it, never screened
         if fresh.passed != known.passed:
             logging.getLogger("bisector").warning(
-                "the journal's verdict for the final set (%s) differs from judging it now (%s): the backend is not "
-                "deterministic, or the journal is stale; reporting the fresh verdict",
-                "pass" if known.passed else "fail", "pass" if fresh.passed else "fail")
-        if self.journal is not None:
+                "the %s verdict for the final set (%s) differs from judging it now (%s): the backend is not "
+                "deterministic%s; reporting the fresh verdict", "journal's" if from_journal else "search's",
+                "pass" if known.passed else "fail", "pass" if fresh.passed else "fail",
+                ", or the journal is stale" if from_journal else "")
+        if from_journal and self.journal is not None:
             self.journal.record(plan, fresh)
         self._store(fp32, fresh)
+        if known.slimmed:  # the history holds the whole verdict, not the slimmed one
+            self.history[:] = [fresh if v is known else v for v in self.history]
         return fresh
 
     def whole(self, fp32: frozenset[str]) -> Verdict:
@@ -257,18 +261,6 @@ class Oracle:
         if stop is not None:
             raise stop
         return [resolved[s] for s in fsets]
-
-    def _rejudge(self, fp32: frozenset[str], known: Verdict) -> Verdict:
-        """`fp32` judged again in this process (not an evaluation), its verdict replacing `known` everywhere."""
-        fresh = self._judge(Plan(fp32, self.candidates))
-        if fresh.passed != known.passed:
-            logging.getLogger("bisector").warning(
-                "judging the final set again gave %s where the search saw %s: the backend is not deterministic; "
-                "reporting the fresh verdict", "pass" if fresh.passed else "fail", "pass" if known.passed else "fail")
-        fresh.source = known.source if fresh.passed == known.passed else "new"
-        self._store(fp32, fresh)
-        self.history[:] = [fresh if v is known else v for v in self.history]
-        return fresh
 
     def _keep_whole(self, verdict: Verdict) -> None:
         """Slim the verdict that leaves the recent window, unless it is the smallest passing set's (kept whole)."""
