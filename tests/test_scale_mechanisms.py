@@ -651,7 +651,8 @@ def test_weights_are_fed_except_where_a_kernel_needs_a_constant(monkeypatch):
 
 def test_block_variants_are_bounded_per_block_and_apart_from_node_sessions(monkeypatch):
     """A diffuse search makes a new variant of most blocks per plan; ~150 KB each, they are kept up to two per
-    block or a quarter of the weights' worth (at least MAX_SESSIONS). Node-level runs (`run_all`, `profile`) keep theirs apart: they evict no block."""
+    block or a quarter of the weights' worth (at least MAX_SESSIONS, or the model's own size in sessions' worth where
+    that is less). Node-level runs (`run_all`, `profile`) keep theirs apart: they evict no block."""
     from bisector.backends.emulate import executor as ex
 
     monkeypatch.setenv("BISECTOR_NUMPY_BLOCKS", "0")  # the chain's blocks as sessions (else numpy runs them)
@@ -661,7 +662,7 @@ def test_block_variants_are_bounded_per_block_and_apart_from_node_sessions(monke
     be = EmulateBackend(block_size=8)
     be.open(cat)
     weights = sum(v.nbytes for v in be.executor.weights.values())
-    limit = max(ex.MAX_SESSIONS, ex.SESSIONS_PER_BLOCK * len(be.executor.blocks),
+    limit = max(min(ex.MAX_SESSIONS, weights // ex.SESSION_BYTES), ex.SESSIONS_PER_BLOCK * len(be.executor.blocks),
                 int(ex.SESSIONS_WEIGHT_SHARE * weights) // ex.SESSION_BYTES)
     assert be.executor.max_sessions == limit < 1024
     x = {"x": np.random.default_rng(6).uniform(1, 2, (1, 16)).astype(np.float32)}

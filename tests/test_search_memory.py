@@ -116,6 +116,7 @@ def test_weights_a_model_computes_with_constantofshape_count_as_the_sessions_own
     cat = Catalog.from_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
     backend = EmulateBackend()
     backend.open(cat)
+    backend.executor.copies_budget = 1 << 40  # what the sessions hold, not what the budget evicts, is asked here
     feeds = {"x": np.ones((1, 4, 8, 8), np.float32)}
     out = backend.run(Plan(frozenset(), cat.candidates), feeds, ["y"])["y"]
     assert out.shape == (1, 8, 8, 8)
@@ -146,3 +147,70 @@ def test_the_copies_budget_counts_the_weights_a_model_computes_from_constant_sha
     executor = ex.NodeExecutor(cat)
     weight = 1024 * 1024 * 9 * 4
     assert executor.copies_budget >= 2 * weight > ex.COPIES_BUDGET_MIN
+
+
+def _conv_net(channels: int, side: int, convs: int = 4):
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    nodes, inits, x = [], [], "x"
+    for i in range(convs):
+        w = (rng.standard_normal((channels, channels, 3, 3)) * 0.1).astype(np.float32)
+        inits.append(numpy_helper.from_array(w, f"w{i}"))
+        nodes.append(helper.make_node("Conv", [x, f"w{i}"], [f"c{i}"], name=f"conv{i}", pads=[1, 1, 1, 1]))
+        nodes.append(helper.make_node("Relu", [f"c{i}"], [f"r{i}"], name=f"relu{i}"))
+        x = f"r{i}"
+    graph = helper.make_graph(
+        nodes, "net", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, side, side])],
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, channels, side, side])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _opened(model, side: int, channels: int):
+    from bisector.backends.emulate.backend import EmulateBackend
+    from bisector.fp16.plan import Plan
+    from bisector.model.catalog import Catalog
+
+    cat = Catalog.from_model(model)
+    backend = EmulateBackend(block_size=2)
+    backend.open(cat)
+    feeds = {"x": np.random.default_rng(4).uniform(-1, 1, (1, channels, side, side)).astype(np.float32)}
+    return backend, cat, feeds, Plan
+
+
+def test_a_small_models_cached_sessions_are_bounded_by_its_own_size():
+    """The fixed floors of the session caches (MAX_SESSIONS variants, COPIES_BUDGET_MIN of ORT's weight copies)
+    are at most the model's own size (weights + the FP32 reference's tensors) in sessions' worth: a 1.3 MB wake-word
+    CNN held 128 variants and 25 MB of copies, 2.7x one plain inference. A model past that size keeps the floors;
+    a value set by hand stays; outputs are what an executor without bounds computes."""
+    from bisector.backends.emulate import executor as ex
+
+    small, ch, side = _conv_net(16, 12), 16, 12  # 37 KB of weights, ~40 KB of activations
+    backend, cat, feeds, Plan = _opened(small, side, ch)
+    fp16 = Plan(frozenset(), cat.candidates)
+    out = backend.run(fp16, feeds)
+    e = backend.executor
+    size = e.weight_bytes + e.reference_bytes
+    assert 0 < e.reference_bytes and size < ex.MAX_SESSIONS * ex.SESSION_BYTES
+    assert e.max_sessions == max(ex.SESSIONS_PER_BLOCK * len(e.blocks), size // ex.SESSION_BYTES) < ex.MAX_SESSIONS
+    conv = sum(e.weights[f"w{i}"].nbytes for i in range(4))
+    assert 2 * conv <= e.copies_budget == max(2 * conv, size) < ex.COPIES_BUDGET_MIN
+    rng = np.random.default_rng(5)
+    names = list(cat.candidates)
+    free, _, _, _ = _opened(small, side, ch)
+    free.executor.max_sessions, free.executor.copies_budget = 1 << 20, 1 << 40  # by hand: kept
+    for _ in range(40):  # more variants than the small caches keep: evicted and rebuilt, same answers
+        plan = Plan(frozenset(n for n in names if rng.random() < 0.5), cat.candidates)
+        got, want = backend.run(plan, feeds), free.run(plan, feeds)
+        for k in want:
+            np.testing.assert_array_equal(got[k], want[k])
+    assert len(e._sessions) <= e.max_sessions and e.sessions_built > e.max_sessions
+    assert free.executor.max_sessions == 1 << 20 and free.executor.copies_budget == 1 << 40
+    np.testing.assert_array_equal(backend.run(fp16, feeds)[next(iter(out))], out[next(iter(out))])
+
+    large, ch, side = _conv_net(384, 8), 384, 8  # 21 MB of Conv weights: past MAX_SESSIONS x SESSION_BYTES
+    backend, cat, feeds, Plan = _opened(large, side, ch)
+    backend.run(Plan(frozenset(), cat.candidates), feeds)
+    e = backend.executor
+    assert e.weight_bytes > ex.MAX_SESSIONS * ex.SESSION_BYTES
+    assert e.max_sessions >= ex.MAX_SESSIONS and e.copies_budget >= min(ex.COPIES_BUDGET_MIN, e.weight_bytes)

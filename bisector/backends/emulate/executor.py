@@ -83,10 +83,8 @@ class NodeExecutor:
         # keep a second, rounded copy of every weight (a 1.27 GB model: +1.27 GB at the search's peak).
         self._converted: weakref.WeakValueDictionary[str, np.ndarray] = weakref.WeakValueDictionary()
         self._halves: weakref.WeakValueDictionary[str, np.ndarray] = weakref.WeakValueDictionary()  # `converted_half`
-        weight_bytes = sum(int(np.asarray(v).nbytes) for v in self.weights.values())
-        self.converted_budget = max(CONVERTED_BUDGET_MIN, weight_bytes // 4)
-        self.max_sessions = max(MAX_SESSIONS, SESSIONS_PER_BLOCK * len(self.blocks),
-                                int(SESSIONS_WEIGHT_SHARE * weight_bytes) // SESSION_BYTES)
+        self.weight_bytes = sum(int(np.asarray(v).nbytes) for v in self.weights.values())
+        self.converted_budget = max(CONVERTED_BUDGET_MIN, self.weight_bytes // 4)
         self._converted_held = 0  # bytes of converted weights the cached sessions hold (shared ones counted per session)
         # ORT copies a constant weight into each session that reads it (a Conv's NCHWc layout: a variant of a block
         # with 4.5 MB of Conv weights held 4.7 MB), so cached variants hold a copy each: kept within two copies of
@@ -96,9 +94,10 @@ class NodeExecutor:
         # Weights the model computes from a constant shape (ConstantOfShape) are constants ORT folds into each
         # session too (`_folded_bytes`): counted here as well, or a model made of them (the onnx package's light
         # ResNet-50: 100 MB of them) kept two variants at most and rebuilt the rest at every evaluation (6.6x slower)
-        self.copies_budget = max(COPIES_BUDGET_MIN, 2 * sum(
-            int(np.asarray(v).nbytes) for t, v in self.weights.items() if t in constant)
-            + self._folded_bytes(catalog.model.graph.node))
+        self._copies_base = 2 * sum(int(np.asarray(v).nbytes) for t, v in self.weights.items() if t in constant) \
+            + self._folded_bytes(catalog.model.graph.node)
+        self.reference_bytes = 0  # the FP32 reference's computed tensors (largest input set): `run_reference`
+        self._size_caches()
         # Converted weights go to a page file once and stay there for the search (`bisector.model.pages`): like
         # the model's own weights (`weights.page_inline`) they are a file's pages, given back after each session
         # build and run that read them, and outside the budgets above. Where the file cannot be written they are
@@ -229,6 +228,24 @@ class NodeExecutor:
             self._recent_bytes -= old.nbytes
 
     # ---- whole-model runs ------------------------------------------------------------------------------------
+    def _size_caches(self) -> None:
+        """`max_sessions` and `copies_budget` from the model's size. The floors (MAX_SESSIONS variants,
+        COPIES_BUDGET_MIN of copies) keep a search from rebuilding the variants it cycles through, but they are
+        fixed amounts: a model whose weights and activations come to a few MB (a 1.3 MB wake-word CNN, 0.7 ms an
+        inference, 63 MB for a plain one) held 128 variants and 25 MB of copies, 2.7x one inference, where 18
+        variants searched as fast (docs/benchmarks.md, "Scale, twenty-second round"). So each floor is at most
+        the model's own size (weights + the reference's tensors) in sessions' worth; the per-block and
+        weight-share terms are as before."""
+        size = self.weight_bytes + self.reference_bytes
+        sized = getattr(self, "_sized", None)
+        if sized is not None and sized != (self.max_sessions, self.copies_budget):
+            return  # set by hand since (tests, a caller that knows better): kept
+        self.max_sessions = max(SESSIONS_PER_BLOCK * len(self.blocks),
+                                int(SESSIONS_WEIGHT_SHARE * self.weight_bytes) // SESSION_BYTES,
+                                min(MAX_SESSIONS, size // SESSION_BYTES))
+        self.copies_budget = max(self._copies_base, min(COPIES_BUDGET_MIN, size))
+        self._sized = (self.max_sessions, self.copies_budget)
+
     def run_reference(self, feeds: Mapping[str, np.ndarray], boundary_only: bool = False) -> ReferenceStore:
         """Every tensor of the model computed in FP32 (weights and graph inputs included).
 
@@ -250,6 +267,10 @@ class NodeExecutor:
             for node in block.nodes:
                 outs = self.run_node(node, [env[t] for t in self.catalog.node_inputs(node.name)])
                 env.update(zip(nonempty(node.output), outs))
+        computed = env.computed_bytes(set(self.weights) | set(feeds))
+        if computed > self.reference_bytes:  # the caches' floors follow the model's size (`_size_caches`)
+            self.reference_bytes = computed
+            self._size_caches()
         return env
 
     def run_changed(self, reference: Mapping[str, np.ndarray], points: RoundingPoints,
@@ -668,6 +689,8 @@ def _numpy_blocks() -> bool:
 # A quarter of the weights, not half: a 12 x 384 transformer's diffuse search (85 MB of weights) kept 277 variants
 # at half, ~200 KB each, and peaked at 308 MB; at a quarter (150: two per block) 291 MB in the same 25 s, the
 # 6 x 384 one unchanged (docs/benchmarks.md, "Scale, thirteenth round").
+# MAX_SESSIONS and COPIES_BUDGET_MIN are floors for models of some size: each is at most the model's own bytes
+# (weights + reference tensors; `NodeExecutor._size_caches`), so a model of a few MB is not held at 128 variants.
 MAX_SESSIONS = 128
 SESSIONS_PER_BLOCK = 2
 SESSIONS_WEIGHT_SHARE = 0.25

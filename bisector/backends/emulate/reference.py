@@ -119,6 +119,12 @@ class ReferenceStore(Mapping):
     def spilled_bytes(self) -> int:
         return sum(int(np.prod(s, dtype=np.int64)) * d.itemsize for _, d, s in self._spilled.values())
 
+    def computed_bytes(self, given: set[str] | frozenset[str] = frozenset()) -> int:
+        """Bytes of the tensors here, held or spilled, except those named in `given` (weights and feeds)."""
+        held = sum(int(getattr(v, "nbytes", 0)) for k, v in self._held.items() if k not in given)
+        return held + sum(int(np.prod(s, dtype=np.int64)) * d.itemsize
+                          for k, (_, d, s) in self._spilled.items() if k not in given)
+
     def close(self) -> None:
         fd, self._fd = self._fd, None
         if fd is not None:
