@@ -30,8 +30,10 @@ class Verdict:
     # (`search.screen`; items 0: the one input set, unbatched): the verdict is the whole job's, its comparisons
     # those of the items (their excess a lower bound of the whole's); None: judged on everything
     screened: tuple[int, int, int] | None = None
-    # True once `slim` dropped the comparisons of outputs that passed and were not the worst
+    # True once `slim` dropped the comparisons of every output but the worst
     slimmed: bool = False
+    # the failing outputs' names where `slim` dropped their comparisons (None: read them from `outputs`)
+    failing_names: tuple[str, ...] | None = None
 
     @property
     def excess(self) -> float:
@@ -40,19 +42,22 @@ class Verdict:
 
     @property
     def failing(self) -> list[str]:
+        if self.failing_names is not None:
+            return list(self.failing_names)
         return [k for k, r in self.outputs.items() if not r.passed]
 
     def slim(self) -> None:
-        """Keep only what a search reads back from an old verdict: the failing outputs' comparisons and the worst
-        output's (so `passed`, `excess` and `failing` stay as they were). A search keeps every verdict to its end,
-        one comparison per output each: a 60-output model's 2773 verdicts held 120 MB of them. The oracle judges
-        the final set again where its verdict was slimmed (`Oracle.confirm`), so the report has them all."""
+        """Keep only what a search reads back from an old verdict: the worst output's comparison, and the names
+        of the failing outputs (so `passed`, `excess` and `failing` stay as they were). A search keeps every
+        verdict to its end, one comparison per output each: a 60-output model's 2773 verdicts held 120 MB of
+        them, and still 60 MB with the failing outputs' comparisons kept. The oracle judges the final set again
+        where its verdict was slimmed (`Oracle.confirm`), so the report has them all."""
         if self.slimmed or len(self.outputs) <= 1:
             return
         worst = max(self.outputs, key=lambda k: self.outputs[k].excess)
-        kept = {k: r for k, r in self.outputs.items() if not r.passed or k == worst}
-        if len(kept) < len(self.outputs):
-            self.outputs, self.slimmed = kept, True
+        failing = tuple(k for k, r in self.outputs.items() if not r.passed)
+        self.outputs, self.slimmed = {worst: self.outputs[worst]}, True
+        self.failing_names = failing  # the dict's own key strings: a pointer each
 
     def to_json(self) -> dict:
         return {"fp32": sorted(self.fp32), "passed": self.passed, "worst_set": self.worst_set, "seconds": self.seconds,
