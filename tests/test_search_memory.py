@@ -169,14 +169,13 @@ def _conv_net(channels: int, side: int, convs: int = 4):
 
 def _opened(model, side: int, channels: int):
     from bisector.backends.emulate.backend import EmulateBackend
-    from bisector.fp16.plan import Plan
     from bisector.model.catalog import Catalog
 
     cat = Catalog.from_model(model)
     backend = EmulateBackend(block_size=2)
     backend.open(cat)
     feeds = {"x": np.random.default_rng(4).uniform(-1, 1, (1, channels, side, side)).astype(np.float32)}
-    return backend, cat, feeds, Plan
+    return backend, cat, feeds
 
 
 def test_a_small_models_cached_sessions_are_bounded_by_its_own_size():
@@ -185,9 +184,10 @@ def test_a_small_models_cached_sessions_are_bounded_by_its_own_size():
     CNN held 128 variants and 25 MB of copies, 2.7x one plain inference. A model past that size keeps the floors;
     a value set by hand stays; outputs are what an executor without bounds computes."""
     from bisector.backends.emulate import executor as ex
+    from bisector.fp16.plan import Plan
 
     small, ch, side = _conv_net(16, 12), 16, 12  # 37 KB of weights, ~40 KB of activations
-    backend, cat, feeds, Plan = _opened(small, side, ch)
+    backend, cat, feeds = _opened(small, side, ch)
     fp16 = Plan(frozenset(), cat.candidates)
     out = backend.run(fp16, feeds)
     e = backend.executor
@@ -198,7 +198,7 @@ def test_a_small_models_cached_sessions_are_bounded_by_its_own_size():
     assert 2 * conv <= e.copies_budget == max(2 * conv, size) < ex.COPIES_BUDGET_MIN
     rng = np.random.default_rng(5)
     names = list(cat.candidates)
-    free, _, _, _ = _opened(small, side, ch)
+    free, _, _ = _opened(small, side, ch)
     free.executor.max_sessions, free.executor.copies_budget = 1 << 20, 1 << 40  # by hand: kept
     for _ in range(40):  # more variants than the small caches keep: evicted and rebuilt, same answers
         plan = Plan(frozenset(n for n in names if rng.random() < 0.5), cat.candidates)
@@ -210,7 +210,7 @@ def test_a_small_models_cached_sessions_are_bounded_by_its_own_size():
     np.testing.assert_array_equal(backend.run(fp16, feeds)[next(iter(out))], out[next(iter(out))])
 
     large, ch, side = _conv_net(384, 8), 384, 8  # 21 MB of Conv weights: past MAX_SESSIONS x SESSION_BYTES
-    backend, cat, feeds, Plan = _opened(large, side, ch)
+    backend, cat, feeds = _opened(large, side, ch)
     backend.run(Plan(frozenset(), cat.candidates), feeds)
     e = backend.executor
     assert e.weight_bytes > ex.MAX_SESSIONS * ex.SESSION_BYTES

@@ -88,7 +88,8 @@ class NodeExecutor:
         self._converted_held = 0  # bytes of converted weights the cached sessions hold (shared ones counted per session)
         # ORT copies a constant weight into each session that reads it (a Conv's NCHWc layout: a variant of a block
         # with 4.5 MB of Conv weights held 4.7 MB), so cached variants hold a copy each: kept within two copies of
-        # the model's constant weights (plain inference holds one), at least COPIES_BUDGET_MIN.
+        # the model's constant weights (plain inference holds one), at least COPIES_BUDGET_MIN or the model's own
+        # size, whichever is less (`_size_caches`).
         self._copies_held = 0
         constant = {t for n in catalog.model.graph.node if n.op_type in weight_store.BUILD_ONLY_OPS for t in n.input}
         # Weights the model computes from a constant shape (ConstantOfShape) are constants ORT folds into each
@@ -97,6 +98,7 @@ class NodeExecutor:
         self._copies_base = 2 * sum(int(np.asarray(v).nbytes) for t, v in self.weights.items() if t in constant) \
             + self._folded_bytes(catalog.model.graph.node)
         self.reference_bytes = 0  # the FP32 reference's computed tensors (largest input set): `run_reference`
+        self._sized: tuple[int, int] | None = None  # (max_sessions, copies_budget) as `_size_caches` last set them
         self._size_caches()
         # Converted weights go to a page file once and stay there for the search (`bisector.model.pages`): like
         # the model's own weights (`weights.page_inline`) they are a file's pages, given back after each session
@@ -236,10 +238,9 @@ class NodeExecutor:
         variants searched as fast (docs/benchmarks.md, "Scale, twenty-second round"). So each floor is at most
         the model's own size (weights + the reference's tensors) in sessions' worth; the per-block and
         weight-share terms are as before."""
-        size = self.weight_bytes + self.reference_bytes
-        sized = getattr(self, "_sized", None)
-        if sized is not None and sized != (self.max_sessions, self.copies_budget):
+        if self._sized is not None and self._sized != (self.max_sessions, self.copies_budget):
             return  # set by hand since (tests, a caller that knows better): kept
+        size = self.weight_bytes + self.reference_bytes
         self.max_sessions = max(SESSIONS_PER_BLOCK * len(self.blocks),
                                 int(SESSIONS_WEIGHT_SHARE * self.weight_bytes) // SESSION_BYTES,
                                 min(MAX_SESSIONS, size // SESSION_BYTES))
