@@ -31,7 +31,7 @@ from bisector.backends.emulate.reference import ReferenceStore, spill_threshold
 from bisector.cores import usable_cores
 from bisector.errors import BackendFailure
 from bisector.fp16 import rules
-from bisector.fp16.arithmetic import split_bias_epilogue
+from bisector.fp16.arithmetic import half_slope, split_bias_epilogue
 from bisector.fp16.casts import FLOAT, cast, fp16_name, raw_name, round_trip, rounded_name
 from bisector.fp16.points import Read, RoundingPoints
 from bisector.fp16.recurrent import split_recurrent
@@ -425,6 +425,10 @@ class NodeExecutor:
             split = split_recurrent(core, model_opset(self.catalog.model))  # None: a form it does not handle
             if split is not None:
                 return split
+        if self.arithmetic == "gpu" and fp16:
+            sloped = half_slope(core)
+            if sloped is not None:
+                return [sloped]
         return [core]
 
     def _weight_rank(self, tensor: str) -> int | None:
