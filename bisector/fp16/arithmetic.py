@@ -13,7 +13,8 @@ Modes:
   bias epilogue (FP32) does.
 - ``gpu``: storage rules plus the bias epilogue of ORT-CUDA/cuDNN/cuBLAS FP16 Conv and Gemm, FP16 LSTM, GRU
   and RNN nodes computed step by step in half precision (bisector.fp16.recurrent: the GPU's LSTM error was
-  4 x the storage rules' on a real recogniser), and FP16 LeakyRelu with its slope in FP16 (`half_slope`).
+  4 x the storage rules' on a real recogniser), FP16 LeakyRelu with its slope in FP16 (`half_slope`), and FP16
+  Elu, Selu and HardSigmoid as ORT-CUDA's half kernels compute them (`split_activation`).
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ MODES = ("storage", "gpu")
 def rules_tag(mode: str) -> str:
     # the gpu mode's recurrent nodes (bisector.fp16.recurrent) came in the sixteenth round: gpu-mode caches from
     # before are stale
-    # and its LeakyRelu slope in FP16 in the twenty-second
+    # and its LeakyRelu slope, Elu, Selu and HardSigmoid in half precision in the twenty-second
     return "fp16-storage-v1" if mode == "storage" else \
-        "fp16-storage-v1+gpu-bias-epilogue-v1+gpu-recurrent-v1+gpu-leakyrelu-slope-v1"
+        "fp16-storage-v1+gpu-bias-epilogue-v1+gpu-recurrent-v1+gpu-activations-v1"
 
 
 def check_mode(mode: str) -> str:
@@ -99,3 +100,65 @@ def half_slope(node: onnx.NodeProto) -> onnx.NodeProto | None:
     out.attribute.extend(kept)
     out.attribute.append(helper.make_attribute("alpha", half))
     return out
+
+
+def _half(value: float) -> float:
+    return float(np.float16(value))
+
+
+def _attr(node: onnx.NodeProto, name: str, default: float) -> float:
+    return next((a.f for a in node.attribute if a.name == name), default)
+
+
+def split_activation(node: onnx.NodeProto, out_name: str) -> list[onnx.NodeProto] | None:
+    """For an FP16 Elu, Selu or HardSigmoid: nodes computing `out_name` (before the caller's output rounding) as
+    ORT-CUDA's half kernels do, measured bit for bit on an H100 (2^20 FP16 inputs each; docs/verification.md,
+    "Twenty-second round"), where the storage rule (FP32 math, one rounding) matched 81-93 %:
+
+    - Elu: ``x > 0 ? x : RN16(alpha16 * RN16(RN16(exp(x)) - 1))`` — exp rounded to half, the subtraction and the
+      product in half (100 % for alpha 1, 0.5 and 0.3);
+    - Selu: ``x > 0 ? RN16(gamma16 * x) : RN16(RN16(gamma16 * alpha16) * RN16(RN16(exp(x)) - 1))`` (100 %);
+    - HardSigmoid: ``clip(RN16(alpha16 * x + beta16), 0, 1)``, one rounding of the fused multiply-add (100 % for
+      (0.2, 0.5) and (1/6, 0.5)). Here the sum is an FP32 one, so where it is not exact in FP32 (products under
+      1/8 beside beta 0.5) it is rounded twice: a half-way case can differ, about one element in 10^4 of those.
+
+    Products of two FP16 values are exact in FP32 and the caller rounds the output, so the rest is bit for bit.
+    None: another op."""
+    op = node.op_type
+    if op not in ("Elu", "Selu", "HardSigmoid") or not node.input or not node.input[0]:
+        return None
+    x = node.input[0]
+    tag = f"{out_name}__{op.lower()}"
+    nodes: list[onnx.NodeProto] = []
+
+    def const(name: str, value: float) -> str:
+        full = f"{tag}_{name}"
+        nodes.append(helper.make_node("Constant", [], [full], value=helper.make_tensor(full, onnx.TensorProto.FLOAT,
+                                                                                          [], [value])))
+        return full
+
+    def op_(kind: str, inputs: list[str], name: str, **attrs) -> str:
+        full = f"{tag}_{name}"
+        nodes.append(helper.make_node(kind, inputs, [full], **attrs))
+        return full
+
+    def rnd(t: str) -> str:
+        h = op_("Cast", [t], f"{t.rsplit('_', 1)[-1]}16", to=onnx.TensorProto.FLOAT16)
+        return op_("Cast", [h], f"{t.rsplit('_', 1)[-1]}r", to=onnx.TensorProto.FLOAT)
+
+    if op == "HardSigmoid":
+        alpha, beta = _half(_attr(node, "alpha", 0.2)), _half(_attr(node, "beta", 0.5))
+        fma = op_("Add", [op_("Mul", [x, const("alpha", alpha)], "ax"), const("beta", beta)], "axb")
+        nodes.append(helper.make_node("Clip", [fma, const("zero", 0.0), const("one", 1.0)], [out_name]))
+        return nodes
+    em1 = rnd(op_("Sub", [rnd(op_("Exp", [x], "exp")), const("one", 1.0)], "em1"))  # RN16(RN16(exp(x)) - 1)
+    if op == "Elu":
+        neg = op_("Mul", [em1, const("alpha", _half(_attr(node, "alpha", 1.0)))], "neg")
+        pos = x
+    else:  # Selu: ONNX's defaults are float32 values
+        alpha, gamma = _half(_attr(node, "alpha", 1.67326319217681884765625)), \
+            _half(_attr(node, "gamma", 1.05070102214813232421875))
+        neg = op_("Mul", [em1, const("ga", _half(gamma * alpha))], "neg")
+        pos = op_("Mul", [x, const("gamma", gamma)], "pos")
+    nodes.append(helper.make_node("Where", [op_("Greater", [x, const("zero", 0.0)], "gt"), pos, neg], [out_name]))
+    return nodes

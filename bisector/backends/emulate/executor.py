@@ -31,7 +31,7 @@ from bisector.backends.emulate.reference import ReferenceStore, spill_threshold
 from bisector.cores import usable_cores
 from bisector.errors import BackendFailure
 from bisector.fp16 import rules
-from bisector.fp16.arithmetic import half_slope, split_bias_epilogue
+from bisector.fp16.arithmetic import half_slope, split_activation, split_bias_epilogue
 from bisector.fp16.casts import FLOAT, cast, fp16_name, raw_name, round_trip, rounded_name
 from bisector.fp16.points import Read, RoundingPoints
 from bisector.fp16.recurrent import split_recurrent
@@ -429,6 +429,10 @@ class NodeExecutor:
             sloped = half_slope(core)
             if sloped is not None:
                 return [sloped]
+            if core.output and core.output[0]:
+                split = split_activation(core, core.output[0])
+                if split is not None:
+                    return split
         return [core]
 
     def _weight_rank(self, tensor: str) -> int | None:
