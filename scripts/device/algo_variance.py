@@ -2,7 +2,9 @@
 cases: the default emulate search's set, then that set and all-FP16 judged on ort-cuda (margin 1) under several
 CUDA provider options (BISECTOR_ORT_CUDA_OPTIONS). One JSON line per case.
 
-    python3 algo_variance.py --models DIR
+    python3 algo_variance.py --models DIR [--case LABEL MODEL SHAPE TOL ...] [--fp16-arithmetic storage|gpu]
+
+`--case` (repeatable) replaces the default cases; `--fp16-arithmetic` chooses the emulate search's mode.
 """
 import argparse
 import json
@@ -22,14 +24,17 @@ VARIANTS = ["", "cudnn_conv_algo_search=HEURISTIC", "cudnn_conv_algo_search=DEFA
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", required=True)
+    ap.add_argument("--case", nargs=4, action="append", metavar=("LABEL", "MODEL", "SHAPE", "TOL"))
+    ap.add_argument("--fp16-arithmetic", default="storage")
     a = ap.parse_args()
-    for label, model, shape, tol in CASES:
+    for label, model, shape, tol in a.case or CASES:
         path = Path(a.models) / model
         out = Path("/tmp/algo") / label.replace(" ", "_")
         subprocess.run([sys.executable, "-m", "bisector.cli", "precision", str(path), "--fp16", "--input-shapes", shape,
-                        "--atol", tol, "--rtol", tol, "-o", str(out), "--no-cache"], capture_output=True, check=True)
+                        "--atol", tol, "--rtol", tol, "-o", str(out), "--no-cache", "--fp16-arithmetic", a.fp16_arithmetic],
+                       capture_output=True, check=True)
         fp32 = json.loads((out / "constraints.json").read_text())["fp32_nodes"]
-        row = {"case": label, "set": len(fp32)}
+        row = {"case": label, "mode": a.fp16_arithmetic, "set": len(fp32)}
         for v in VARIANTS:
             os.environ["BISECTOR_ORT_CUDA_OPTIONS"] = v
             try:
