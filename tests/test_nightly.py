@@ -88,6 +88,22 @@ def test_verify_passes_fails_and_names_missing_nodes(tmp_path, cache_dir):
     assert r.returncode == 1 and "Sub_renamed" in r.stdout and "no longer exist" in r.stdout
 
 
+def test_a_failing_output_says_how_far_past_its_tolerance_it_is(tmp_path, cache_dir, capsys):
+    """The needed abs and rel that verify prints are output-wide maxima of each; an element fails only where it
+    exceeds both, so the line also says the output's excess (the smallest scale of the tolerance that passes)."""
+    out = tmp_path / "o"
+    assert main_cli("precision", SEED, *SEED_ARGS, "-o", out, "--cache-dir", cache_dir) == 0
+    data = json.loads((out / "constraints.json").read_text())
+    data["fp32_nodes"] = ["Add"]  # a required node dropped
+    dropped, js = tmp_path / "dropped.json", tmp_path / "v.json"
+    dropped.write_text(json.dumps(data))
+    capsys.readouterr()
+    assert main_cli("verify", SEED, "--constraints", dropped, "--json", js, "--cache-dir", cache_dir) == 1
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("FAIL y"))
+    excess = json.loads(js.read_text())["outputs"]["y"]["excess"]
+    assert excess > 1 and f"; {excess:.3g} × the tolerance)" in line
+
+
 def test_a_failure_within_tolerance_says_it_is_the_margin(tmp_path, cache_dir, capsys):
     """verify judges with the recorded headroom (--margin): a set within the tolerance but above the margin fails,
     and the line says so instead of printing a needed tolerance below the tolerance next to FAIL."""
