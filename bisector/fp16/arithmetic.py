@@ -25,6 +25,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from bisector.fp16.casts import round_trip, rounded_name
+
 MODES = ("storage", "gpu")
 
 
@@ -79,6 +81,14 @@ def split_bias_epilogue(node: onnx.NodeProto, out_name: str, rank_of: Callable[[
     return nodes
 
 
+def _half(value: float) -> float:
+    return float(np.float16(value))
+
+
+def _attr(node: onnx.NodeProto, name: str, default: float) -> float:
+    return next((a.f for a in node.attribute if a.name == name), default)
+
+
 def half_slope(node: onnx.NodeProto) -> onnx.NodeProto | None:
     """For an FP16 LeakyRelu: the node with its `alpha` rounded to FP16, as ORT-CUDA's half kernel computes
     `x > 0 ? x : (half)alpha * x` (measured on an H100: 100 % of 2^20 elements bit-equal for alpha 0.2 and 0.01,
@@ -89,8 +99,8 @@ def half_slope(node: onnx.NodeProto) -> onnx.NodeProto | None:
     tolerance on the emulator and failed at 4.8 x on the GPU. None: not a LeakyRelu, or a slope FP16 holds."""
     if node.op_type != "LeakyRelu":
         return None
-    alpha = next((a.f for a in node.attribute if a.name == "alpha"), 0.01)
-    half = float(np.float16(alpha))
+    alpha = _attr(node, "alpha", 0.01)
+    half = _half(alpha)
     if half == alpha:
         return None
     out = onnx.NodeProto()
@@ -100,14 +110,6 @@ def half_slope(node: onnx.NodeProto) -> onnx.NodeProto | None:
     out.attribute.extend(kept)
     out.attribute.append(helper.make_attribute("alpha", half))
     return out
-
-
-def _half(value: float) -> float:
-    return float(np.float16(value))
-
-
-def _attr(node: onnx.NodeProto, name: str, default: float) -> float:
-    return next((a.f for a in node.attribute if a.name == name), default)
 
 
 def split_activation(node: onnx.NodeProto, out_name: str) -> list[onnx.NodeProto] | None:
@@ -144,8 +146,8 @@ def split_activation(node: onnx.NodeProto, out_name: str) -> list[onnx.NodeProto
         return full
 
     def rnd(t: str) -> str:
-        h = op_("Cast", [t], f"{t.rsplit('_', 1)[-1]}16", to=onnx.TensorProto.FLOAT16)
-        return op_("Cast", [h], f"{t.rsplit('_', 1)[-1]}r", to=onnx.TensorProto.FLOAT)
+        nodes.extend(round_trip(t))
+        return rounded_name(t)
 
     if op == "HardSigmoid":
         alpha, beta = _half(_attr(node, "alpha", 0.2)), _half(_attr(node, "beta", 0.5))
