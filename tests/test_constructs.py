@@ -84,7 +84,8 @@ def search(name: str, tmp_path, extra=(), model=None):
 
 
 SEARCHED = ["constant_weights", "casts", "if_branch", "loop_scan", "shape_4098", "masks_ints", "dynamic",
-            "dynamic_needs_shape", "stale_value_info", "names", "external_data"] + [f"opset_{o}" for o in range(11, 22)]
+            "dynamic_needs_shape", "stale_value_info", "names", "external_data", "constant_fills"] + [
+    f"opset_{o}" for o in range(11, 22)]
 
 
 @pytest.mark.parametrize("name", SEARCHED)
@@ -100,7 +101,8 @@ def test_construct_searches_to_a_minimal_set_with_a_faithful_mixed_model(name, t
     check_mixed(cat, frozenset(c["fp32_nodes"]), feeds, onnx.load(out / "model.mixed.onnx"))
 
 
-@pytest.mark.parametrize("name", ["constant_weights", "casts", "if_branch", "loop_scan", "shape_4098", "masks_ints"])
+@pytest.mark.parametrize("name", ["constant_weights", "casts", "if_branch", "loop_scan", "shape_4098", "masks_ints",
+                                  "constant_fills"])
 def test_all_fp16_and_all_fp32_mixed_models_are_faithful(name):
     cat = Catalog.load(CONSTRUCTS / f"{name}.onnx")
     feeds = feeds_for(cat, INDEX[name]["args"])

@@ -5,6 +5,7 @@ Every API function builds its pieces here from the typed option groups, in the o
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +54,9 @@ class Job:
             # what decides verdicts, not what a search observes along the way (ort-cuda's CPU-fallback record)
             "backend": {k: v for k, v in self.backend.describe().items() if not k.startswith("cpu_fallback")},
             "tolerances": self.tolerance.describe(), "bisector": __version__,
+            # a plan is stored as its FP32 nodes: what the others mean depends on which nodes are candidates (the
+            # twenty-third round made constant fills weights, no longer candidates)
+            "candidates": hashlib.sha256("\n".join(self.catalog.candidates).encode("utf-8", "surrogatepass")).hexdigest(),
         }
         return SqliteJournal(self.cache_dir / "journal.sqlite", description, resume=resume)
 

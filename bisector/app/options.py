@@ -217,8 +217,10 @@ class Cache:
     no_cache: bool = option("--no-cache", default=False, help="Neither read nor write the golden cache or journal.")
 
     def __post_init__(self) -> None:
+        if self.cache_dir is not None:
+            self.cache_dir = Path(self.cache_dir)  # the Python API may pass a str
         if self.cache_dir is not None and not self.no_cache:
-            p = Path(self.cache_dir)
+            p = self.cache_dir
             if p.exists() and not p.is_dir():
                 raise UsageError(f"--cache-dir {p}: not a directory")
 

@@ -58,7 +58,7 @@ def build_mixed_detached(catalog: Catalog, plan: Plan | frozenset[str],
     emit = NodeWriter(catalog, rounding_points(catalog, plan), detached=True, rounded=rounded)
     for node in src.graph.node:
         graph.node.extend(emit.node(node))  # copies each node: `emit.node` may hand back the source's own
-    _add_used_initializers(model, list(src.graph.initializer) + emit.new_inits)
+    _add_used_initializers(model, list(src.graph.initializer) + emit.new_inits, catalog.fills)
     values = {**catalog.weight_arrays, **emit.new_values}
     return model, {i.name: values[i.name] for i in graph.initializer if weight_store.is_stub(i)}
 
@@ -137,7 +137,14 @@ class NodeWriter:
         if name in self.created:
             return name
         self.created.add(name)
-        if t in catalog.weights:
+        if t in catalog.fills:
+            # a constant fill read in FP16: the same node filling the converted value (a converted initializer
+            # would write out the whole tensor the source model computes from a shape)
+            fill = catalog.nodes[catalog.producers[t]]
+            value = np.asarray(FP16Copy(np.asarray(catalog.value(t)).reshape(-1)[:1], as_param, None))
+            out_nodes.append(helper.make_node("ConstantOfShape", [fill.input[0]], [name],
+                                              name=f"{fill.name}__fp16", value=numpy_helper.from_array(value)))
+        elif t in catalog.weights:
             value = catalog.value(t)  # an initializer's or a Constant's
             deferred = FP16Copy(value, as_param, self.rounded.get(t))
             if self.detached and deferred.nbytes >= weight_store.DETACH_MIN_BYTES:
@@ -308,9 +315,10 @@ def _round_outer_reads(node: onnx.NodeProto, fp16_of: dict[str, str]) -> None:
         g.node.extend(nodes)
 
 
-def _add_used_initializers(model: onnx.ModelProto, initializers: list[onnx.TensorProto]) -> None:
-    """Add the initializers something still reads, and drop Constant nodes nobody reads any more (weights now
-    only read as FP16)."""
+def _add_used_initializers(model: onnx.ModelProto, initializers: list[onnx.TensorProto],
+                           fills: frozenset[str] = frozenset()) -> None:
+    """Add the initializers something still reads, and drop Constant nodes and constant fills (`fills`: their
+    outputs) nobody reads any more (weights now only read as FP16)."""
     graph = model.graph
     used = graph_reads(graph)  # subgraphs included: a branch may read an outer initializer
     graph.initializer.extend(i for i in initializers if i.name in used)
@@ -320,6 +328,7 @@ def _add_used_initializers(model: onnx.ModelProto, initializers: list[onnx.Tenso
     inputs = [i for i in graph.input if i.name not in dropped]
     del graph.input[:]
     graph.input.extend(inputs)
-    nodes = [n for n in graph.node if not (n.op_type == "Constant" and n.output[0] not in used)]
+    nodes = [n for n in graph.node if not ((n.op_type == "Constant" or (len(n.output) == 1 and n.output[0] in fills))
+                                           and n.output[0] not in used)]
     del graph.node[:]
     graph.node.extend(nodes)

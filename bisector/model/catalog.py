@@ -20,7 +20,9 @@ from onnx import TensorProto
 
 from bisector.errors import UsageError
 from bisector.model.graph import (
+    constant_fills,
     constant_value,
+    fill_spec,
     consumers,
     weightless_copy,
     has_subgraph,
@@ -30,6 +32,7 @@ from bisector.model.graph import (
     unique_node_names,
     weight_values,
 )
+from bisector.model import pages
 from bisector.model import weights as weight_store
 from bisector.model import wire
 from bisector.model.optable import (
@@ -46,6 +49,8 @@ log = logging.getLogger("bisector")
 # Protobuf cannot serialise a message of 2 GiB or more: larger models are loaded by path and written with external
 # data. A module constant so that tests can lower it instead of generating a 2 GB file.
 PROTOBUF_LIMIT = (1 << 31) - 1
+# constant fills from this size live in a page file (`Catalog._fill`), as inline initializers do (`weights.page_inline`)
+FILL_PAGES_FROM = weight_store.DETACH_MIN_BYTES
 
 
 @dataclass
@@ -100,16 +105,16 @@ class Catalog:
         inferred = _infer_types(model)
         _drop_stale_value_info(model, inferred)
         tensor_types = _tensor_types(model, inferred)
-        weights = frozenset(
-            [i.name for i in graph.initializer]
-            + [o for n in graph.node if n.op_type == "Constant" for o in n.output]
-        )
+        constants = [i.name for i in graph.initializer] + [o for n in graph.node if n.op_type == "Constant"
+                                                            for o in n.output]
+        fills = constant_fills(graph, constants)  # ConstantOfShape of a constant shape: a weight too
+        weights = frozenset(constants + list(fills))
         opset = model_opset(model)
         outer = {n.name: outer_scope_inputs(n) for n in graph.node if has_subgraph(n)}
         shape_nodes = _shape_computation_nodes(graph, opset)
         candidates, pinned = [], {}
         for node in graph.node:
-            if node.op_type in NEVER_CANDIDATES:
+            if node.op_type in NEVER_CANDIDATES or (node.output and node.output[0] in fills):
                 continue
             tensors = [t for t in list(node.input) + list(node.output) + list(outer.get(node.name, ())) if t]
             if not any(tensor_types.get(t, FLOAT) == FLOAT for t in tensors):
@@ -143,7 +148,47 @@ class Catalog:
         init = self._inline_initializers.get(name)
         if init is not None:
             return onnx.numpy_helper.to_array(init)
-        return constant_value(self.nodes[self.producers[name]])
+        node = self.nodes[self.producers[name]]
+        if node.op_type == "ConstantOfShape":
+            return self._fill(name)
+        return constant_value(node)
+
+    @cached_property
+    def fills(self) -> frozenset[str]:
+        """Weights that ConstantOfShape nodes compute from a constant shape (`graph.constant_fills`)."""
+        return frozenset(t for t in self.weights if t in self.producers
+                         and self.nodes[self.producers[t]].op_type == "ConstantOfShape")
+
+    def _fill(self, name: str) -> np.ndarray:
+        """A fill's value, computed once and kept (read-only): the executor, the writers and ORT read this one.
+        A large one is written to a page file a slice at a time (`model.pages`) and read through a map, like an
+        external-data weight: the process holds its pages only while something reads them (held as an ordinary
+        array, the fills of the light DenseNet-121 added 30 MB to its search's peak)."""
+        got = self._fill_values.get(name)
+        if got is None:
+            node = self.nodes[self.producers[name]]
+            dims, value = fill_spec(node, np.asarray(self.value(node.input[0])))
+            total = int(np.prod(dims, dtype=np.int64))
+            if total * value.itemsize >= FILL_PAGES_FROM:
+                step = max(1, pages.CONVERT_SLICE_BYTES // value.itemsize)
+                piece = np.full(min(step, total), value[0], value.dtype)
+                view = self._fill_pages.put_pieces(total * value.itemsize, (
+                    piece[: min(step, total - at)] for at in range(0, total, step)))
+                if view is not None:
+                    got = view.view(value.dtype).reshape(dims)
+            if got is None:
+                got = np.full(dims, value[0], value.dtype)
+                got.setflags(write=False)
+            self._fill_values[name] = got
+        return got
+
+    @cached_property
+    def _fill_pages(self) -> pages.PageFile:
+        return pages.PageFile()
+
+    @cached_property
+    def _fill_values(self) -> dict[str, np.ndarray]:
+        return {}
 
     @cached_property
     def _inline_initializers(self) -> dict[str, TensorProto]:
@@ -154,6 +199,7 @@ class Catalog:
         large ones are the catalog's own arrays, not copies."""
         values = weight_values(self.model.graph, skip=self.weight_arrays)
         values.update(self.weight_arrays)
+        values.update({t: self.value(t) for t in self.fills})
         return values
 
     def full_model(self) -> onnx.ModelProto:

@@ -128,6 +128,35 @@ def constant_value(node: onnx.NodeProto) -> np.ndarray:
     raise BackendFailure(f"Constant node {node.name!r} has an attribute we cannot read")
 
 
+def constant_fills(graph: onnx.GraphProto, constants: Iterable[str]) -> dict[str, onnx.NodeProto]:
+    """ConstantOfShape nodes whose shape is a constant (an initializer's or a Constant's value), by output name:
+    each computes a constant tensor, so they are weights (DESIGN §4) as a Constant is. Graph outputs are left
+    as nodes.
+
+    Why: exporters write large constant tensors this way (the onnx package's "light" models build every weight
+    with one). ONNX Runtime folds each into every session that holds it, a copy per cached block variant: a
+    search on light AlexNet held 2.8x one inference's memory (docs/benchmarks.md, "Scale, twenty-third round").
+    TensorRT folds them into weights as well, so they are not layers whose precision a user could set."""
+    known = set(constants)
+    outputs = {o.name for o in graph.output}
+    return {n.output[0]: n for n in graph.node
+            if n.op_type == "ConstantOfShape" and n.domain in ("", "ai.onnx") and len(n.input) == 1
+            and n.input[0] in known and len(n.output) == 1 and n.output[0] and n.output[0] not in outputs}
+
+
+def fill_spec(node: onnx.NodeProto, shape: np.ndarray) -> tuple[tuple[int, ...], np.ndarray]:
+    """(dims, value as a one-element array) of what a ConstantOfShape node computes for `shape` (its `value`,
+    float32 0 when absent)."""
+    value = np.zeros(1, np.float32)
+    for attr in node.attribute:
+        if attr.name == "value":
+            value = onnx.numpy_helper.to_array(attr.t).reshape(-1)[:1]
+    dims = tuple(int(d) for d in np.asarray(shape).reshape(-1))
+    if any(d < 0 for d in dims) or value.size != 1:
+        raise BackendFailure(f"ConstantOfShape node {node.name!r} cannot fill shape {dims} with {value.tolist()}")
+    return dims, value
+
+
 def weight_values(graph: onnx.GraphProto, skip=()) -> dict[str, np.ndarray]:
     """Initializers (but those in `skip`) and Constant node outputs by name (DESIGN §4: a Constant is a weight)."""
     values = {i.name: onnx.numpy_helper.to_array(i) for i in graph.initializer if i.name not in skip}

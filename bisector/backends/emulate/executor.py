@@ -92,11 +92,9 @@ class NodeExecutor:
         # size, whichever is less (`_size_caches`).
         self._copies_held = 0
         constant = {t for n in catalog.model.graph.node if n.op_type in weight_store.BUILD_ONLY_OPS for t in n.input}
-        # Weights the model computes from a constant shape (ConstantOfShape) are constants ORT folds into each
-        # session too (`_folded_bytes`): counted here as well, or a model made of them (the onnx package's light
-        # ResNet-50: 100 MB of them) kept two variants at most and rebuilt the rest at every evaluation (6.6x slower)
-        self._copies_base = 2 * sum(int(np.asarray(v).nbytes) for t, v in self.weights.items() if t in constant) \
-            + self._folded_bytes(catalog.model.graph.node)
+        # Weights the model computes from a constant shape (ConstantOfShape) are weights here like initializers
+        # (`Catalog.fills`): no session folds a copy of its own, and a Conv reading one counts above
+        self._copies_base = 2 * sum(int(np.asarray(v).nbytes) for t, v in self.weights.items() if t in constant)
         self.reference_bytes = 0  # the FP32 reference's computed tensors (largest input set): `run_reference`
         self._sized: tuple[int, int] | None = None  # (max_sessions, copies_budget) as `_size_caches` last set them
         self._size_caches()
@@ -439,27 +437,6 @@ class NodeExecutor:
         w = self.weights.get(tensor[: -len("__rounded")] if tensor.endswith("__rounded") else tensor)
         return None if w is None else int(np.ndim(w))
 
-    def _folded_bytes(self, nodes) -> int:
-        """What ONNX Runtime holds of its own for the ConstantOfShape outputs inside a session whose shape is a
-        constant: it folds each into an initializer while it builds the session, and a Conv that reads one keeps it
-        again in its own layout (counted twice). Models that compute their weights this way (the onnx package's
-        "light" test models: every Conv weight is a ConstantOfShape) made each cached block variant hold a copy
-        of its weights (SqueezeNet: 2.4x one inference's memory before these counted in `copies_budget`)."""
-        total = 0
-        for n in nodes:
-            if n.op_type != "ConstantOfShape" or not n.input or n.input[0] not in self.catalog.weights:
-                continue
-            try:
-                shape = np.asarray(self.catalog.value(n.input[0])).astype(np.int64).reshape(-1)
-            except Exception:  # noqa: BLE001 - a shape we cannot read: not counted (ORT may not fold it either)
-                continue
-            value = next((a.t for a in n.attribute if a.name == "value"), None)
-            itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(value.data_type)).itemsize if value is not None else 4
-            size = math.prod(max(int(d), 0) for d in shape) * itemsize  # Python ints: no overflow on odd shapes
-            readers = self.catalog.consumers.get(n.output[0], [])
-            total += size * (2 if any(r.op_type in weight_store.BUILD_ONLY_OPS for r, _ in readers) else 1)
-        return total
-
     def _session(self, nodes, what: str, inputs: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
                  outputs: list[str], pooled: bool = False) -> ort.InferenceSession:
         """One ORT session. Numeric weights are not serialised into it. Most become graph inputs, fed from this
@@ -529,8 +506,7 @@ class NodeExecutor:
         sess._bisector_converted = sum(int(np.asarray(v).nbytes) for t, v in weights.items()  # type: ignore[attr-defined]
                                        if v is not self.weights.get(t) and not pages.file_backed(v))
         _release(shared)  # ORT has its own copy now (where it has not, it reads ours again from the file)
-        sess._bisector_copies = (sum(int(v.nbytes) for v in shared.values())  # type: ignore[attr-defined]  # ORT's own
-                                 + self._folded_bytes(nodes))
+        sess._bisector_copies = sum(int(v.nbytes) for v in shared.values())  # type: ignore[attr-defined]  # ORT's own
         self.sessions_built += 1
         self.build_seconds += time.perf_counter() - t0
         if not pooled and not small and self._opts.intra_op_num_threads > 1:
@@ -817,7 +793,9 @@ class _Block:
 
 
 def _partition(catalog: Catalog, size: int) -> list[_Block]:
-    nodes = [n for n in catalog.model.graph.node if n.op_type != "Constant"]
+    # Constants and constant fills are weights (the executor holds their values), not nodes to run
+    nodes = [n for n in catalog.model.graph.node if n.op_type != "Constant" and not (
+        len(n.output) == 1 and n.output[0] in catalog.fills)]
     chunks = [nodes[i : i + size] for i in range(0, len(nodes), max(size, 1))]
     chunk_of = {n.name: ci for ci, chunk in enumerate(chunks) for n in chunk}
     readers = {t: {chunk_of[r.name] for r, _ in uses if r.name in chunk_of} for t, uses in catalog.consumers.items()}
