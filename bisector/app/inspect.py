@@ -77,7 +77,8 @@ def describe(cat, file_nodes: list[tuple[str, str, str]] | None = None) -> dict[
         "outputs": [io(vi) for vi in graph.output],
         "op_histogram": histogram, "nodes": nodes,
         "notes": [
-            "skipped: Constant, Shape and Cast nodes and nodes without a floating-point tensor; never FP16 candidates.",
+            "skipped: Constant, Shape and Cast nodes, ConstantOfShape nodes of a constant shape (weights, as Constants "
+            "are) and nodes without a floating-point tensor; never FP16 candidates.",
             "tensorrt_layer: the name TensorRT's ONNX parser gives the node's layer; one node may become several "
             "layers whose names start with it. null where TensorRT's name cannot be known (a duplicate node name).",
         ],
