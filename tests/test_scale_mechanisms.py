@@ -916,3 +916,33 @@ def test_golden_outputs_do_not_keep_the_reference_sessions_arena(monkeypatch, tm
     spilled = run_reference_model(cat, [x])[0]
     assert all(isinstance(v, np.memmap) for v in spilled.values())
     np.testing.assert_array_equal(next(iter(spilled.values())), plain[0])
+
+
+def test_blocks_hold_at_most_a_budget_of_conv_weights_and_evaluate_the_same(monkeypatch):
+    """A session copies its Conv weights while it is built (NCHWc), so a block's variant costs its Conv weights'
+    bytes each time a plan makes a new one: a block holds at most BLOCK_CONST_BYTES of them (a node above it
+    alone), besides at most `size` nodes. The ResNet-50-shaped CNN's diffuse search: 14.0 -> 9.5 s with 1 MB
+    (docs/benchmarks.md, "Scale, twenty-third round"). Outputs are the same bits as node by node."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import emulate_speed
+
+    from bisector.backends.emulate import executor as ex
+
+    model, _ = emulate_speed.build_model(4, 16, 64)  # 144 KB Conv weights each
+    cat = Catalog.from_model(model)
+    convs = {n.name for n in cat.model.graph.node if n.op_type == "Conv"}
+    sizes = ex._build_only_bytes(cat, list(cat.model.graph.node))
+    assert set(sizes) == convs and sorted(sizes.values()) == [6912] + [147456] * 4  # the stem's, then 64x64x3x3
+    monkeypatch.setattr(ex, "BLOCK_CONST_BYTES", 300_000)  # two Convs' weights per block at most
+    be = EmulateBackend(block_size=64)
+    be.open(cat)
+    blocks = be.executor.blocks
+    assert max(sum(n.op_type == "Conv" for n in b.nodes) for b in blocks) == 2
+    assert [n.name for b in blocks for n in b.nodes] == [n.name for n in cat.model.graph.node if n.op_type != "Constant"]
+    monkeypatch.setattr(ex, "BLOCK_CONST_BYTES", 100_000)  # below one Conv's: each Conv still gets a block
+    assert all(sum(n.op_type == "Conv" for n in c) <= 1 for c in ex._chunks(list(cat.model.graph.node), 64, sizes))
+    x = {"x": np.random.default_rng(4).uniform(0, 1, (1, 3, 16, 16)).astype(np.float32)}
+    for plan in _plans(cat, 6, seed=5):
+        fused, single = be.run(plan, x), be.run_all(plan, x)
+        for k in cat.output_names:
+            assert np.array_equal(fused[k], single[k], equal_nan=True)

@@ -796,7 +796,7 @@ def _partition(catalog: Catalog, size: int) -> list[_Block]:
     # Constants and constant fills are weights (the executor holds their values), not nodes to run
     nodes = [n for n in catalog.model.graph.node if n.op_type != "Constant" and not (
         len(n.output) == 1 and n.output[0] in catalog.fills)]
-    chunks = [nodes[i : i + size] for i in range(0, len(nodes), max(size, 1))]
+    chunks = _chunks(nodes, max(size, 1), _build_only_bytes(catalog, nodes))
     chunk_of = {n.name: ci for ci, chunk in enumerate(chunks) for n in chunk}
     readers = {t: {chunk_of[r.name] for r, _ in uses if r.name in chunk_of} for t, uses in catalog.consumers.items()}
     graph_outputs = set(catalog.output_names)
@@ -818,6 +818,36 @@ def _partition(catalog: Catalog, size: int) -> list[_Block]:
         if t not in graph_outputs:
             blocks[ci].dies_after.append(t)
     return blocks
+
+
+BLOCK_CONST_BYTES = int(float(os.environ.get("BISECTOR_BLOCK_CONST_MB", "1")) * 2**20)
+
+
+def _build_only_bytes(catalog: Catalog, nodes: list[onnx.NodeProto]) -> dict[str, int]:
+    """Bytes of the weights each node's session must copy while it is built (a Conv's: `BUILD_ONLY_OPS`)."""
+    out = {}
+    for n in nodes:
+        if n.op_type in weight_store.BUILD_ONLY_OPS:
+            out[n.name] = sum(int(np.asarray(catalog.value(t)).nbytes) for t in n.input if t in catalog.weights)
+    return out
+
+
+def _chunks(nodes: list[onnx.NodeProto], size: int, const_bytes: Mapping[str, int]) -> list[list[onnx.NodeProto]]:
+    """Consecutive nodes, `size` at most per chunk, and at most BLOCK_CONST_BYTES of weights that a session copies
+    while it is built (a single node may hold more)."""
+    chunks: list[list[onnx.NodeProto]] = []
+    cur: list[onnx.NodeProto] = []
+    held = 0
+    for n in nodes:
+        b = const_bytes.get(n.name, 0)
+        if cur and (len(cur) >= size or held + b > BLOCK_CONST_BYTES):
+            chunks.append(cur)
+            cur, held = [], 0
+        cur.append(n)
+        held += b
+    if cur:
+        chunks.append(cur)
+    return chunks
 
 
 def _unfusable(catalog: Catalog, node: onnx.NodeProto) -> bool:
