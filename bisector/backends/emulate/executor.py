@@ -820,7 +820,7 @@ def _partition(catalog: Catalog, size: int) -> list[_Block]:
     return blocks
 
 
-BLOCK_CONST_BYTES = int(float(os.environ.get("BISECTOR_BLOCK_CONST_MB", "1")) * 2**20)
+BLOCK_CONST_BYTES = int(float(os.environ.get("BISECTOR_BLOCK_CONST_MB", "4")) * 2**20)
 
 
 def _build_only_bytes(catalog: Catalog, nodes: list[onnx.NodeProto]) -> dict[str, int]:
