@@ -153,6 +153,12 @@ class Catalog:
             return self._fill(name)
         return constant_value(node)
 
+    def computes_weight(self, node: onnx.NodeProto) -> bool:
+        """Whether `node` only computes weights (a Constant, or a constant fill): its outputs are values the
+        catalog holds, not work an executor runs."""
+        outs = [o for o in node.output if o]
+        return bool(outs) and all(o in self.weights for o in outs)
+
     @cached_property
     def fills(self) -> frozenset[str]:
         """Weights that ConstantOfShape nodes compute from a constant shape (`graph.constant_fills`)."""

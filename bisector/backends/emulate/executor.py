@@ -794,8 +794,7 @@ class _Block:
 
 def _partition(catalog: Catalog, size: int) -> list[_Block]:
     # Constants and constant fills are weights (the executor holds their values), not nodes to run
-    nodes = [n for n in catalog.model.graph.node if n.op_type != "Constant" and not (
-        len(n.output) == 1 and n.output[0] in catalog.fills)]
+    nodes = [n for n in catalog.model.graph.node if not catalog.computes_weight(n)]
     chunks = _chunks(nodes, max(size, 1), _build_only_bytes(catalog, nodes))
     chunk_of = {n.name: ci for ci, chunk in enumerate(chunks) for n in chunk}
     readers = {t: {chunk_of[r.name] for r, _ in uses if r.name in chunk_of} for t, uses in catalog.consumers.items()}
