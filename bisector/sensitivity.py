@@ -201,7 +201,10 @@ def compute_scores(
             continue
         for (name, consumer), theirs in _downstream_outputs(catalog, backend, ref, changed_by, consumers).items():
             rec = records[name]
-            s = max((judge(v, ref[o], tolerance, o, counts=False)[0] for o, v in theirs.items()), default=0.0)
+            # a consumer's sequence output (SplitToSequence, pinned) is no tensor to judge: its tensors are judged
+            # where a reader takes them out, one consumer further than this score looks
+            s = max((judge(v, ref[o], tolerance, o, counts=False)[0] for o, v in theirs.items()
+                     if not isinstance(v, (list, tuple))), default=0.0)
             if s > rec["downstream"]:
                 rec["downstream"], rec["via"] = s, consumer
     out = []

@@ -84,7 +84,7 @@ def search(name: str, tmp_path, extra=(), model=None):
 
 
 SEARCHED = ["constant_weights", "casts", "if_branch", "loop_scan", "shape_4098", "masks_ints", "dynamic",
-            "dynamic_needs_shape", "stale_value_info", "names", "external_data", "constant_fills"] + [
+            "dynamic_needs_shape", "stale_value_info", "names", "external_data", "constant_fills", "sequences"] + [
     f"opset_{o}" for o in range(11, 22)]
 
 
@@ -102,7 +102,7 @@ def test_construct_searches_to_a_minimal_set_with_a_faithful_mixed_model(name, t
 
 
 @pytest.mark.parametrize("name", ["constant_weights", "casts", "if_branch", "loop_scan", "shape_4098", "masks_ints",
-                                  "constant_fills"])
+                                  "constant_fills", "sequences"])
 def test_all_fp16_and_all_fp32_mixed_models_are_faithful(name):
     cat = Catalog.load(CONSTRUCTS / f"{name}.onnx")
     feeds = feeds_for(cat, INDEX[name]["args"])
@@ -219,3 +219,38 @@ def test_large_golden_outputs_are_spilled_to_disk(tmp_path, monkeypatch):
     monkeypatch.setenv(golden.SWAP_ENV, "lots")
     with pytest.raises(Exception, match="megabytes"):
         golden.spill(np.zeros(1000))
+
+
+def test_sequence_values_stay_inside_one_session_and_fused_blocks_compute_what_nodes_do():
+    from bisector.model.catalog import NOT_A_TENSOR
+
+    cat = Catalog.load(CONSTRUCTS / "sequences.onnx")
+    seqs = {t for t, k in cat.tensor_types.items() if k == NOT_A_TENSOR}
+    assert seqs == {"seq", "seq2"} and not any(cat.is_float(t) for t in seqs)
+    assert set(INDEX["sequences"]["pinned"]) <= set(cat.pinned) and not set(cat.pinned) & set(cat.candidates)
+    feeds = feeds_for(cat, INDEX["sequences"]["args"])
+    rng = np.random.default_rng(5)
+    plans = [frozenset(c for c in cat.candidates if rng.random() < 0.5) for _ in range(12)]
+    for size in (1, 2, 3, 8):  # 1-3: the default cut points fall inside the sequence's span
+        be = EmulateBackend(block_size=size)
+        be.open(cat)
+        for b in be.executor.blocks:
+            assert not seqs & set(b.inputs + b.outputs), (size, b.node_names)
+        for fp32 in plans:
+            plan = Plan(fp32, cat.candidates)
+            fused = be.run(plan, feeds)["y"]
+            assert_same_numbers(be.run_all(plan, feeds)["y"], fused, f"block size {size}, FP32 {sorted(fp32)}")
+
+
+def test_a_sequence_output_is_refused_with_a_message(tmp_path):
+    from onnx import helper
+
+    g = helper.make_graph([helper.make_node("SplitToSequence", ["x"], ["s"], name="split", axis=1)], "g",
+                          [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 4])],
+                          [helper.make_tensor_sequence_value_info("s", onnx.TensorProto.FLOAT, None)])
+    path = tmp_path / "seq_out.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    with pytest.raises(Exception) as err:
+        Catalog.load(path)
+    assert "graph output 's' is a sequence" in str(err.value)
+    assert main_cli("precision", path, "--fp16", "-o", tmp_path / "o", "--no-cache") == 2

@@ -44,6 +44,10 @@ from bisector.model.optable import (
 )
 
 FLOAT = TensorProto.FLOAT
+# `tensor_types` entry of a value that is not a tensor (a sequence, an optional, a map): never float, never
+# rounded. Without it such a value read as FLOAT (the default for a value of unknown type) and the emulation
+# put a rounding Cast on a sequence (ONNX's backend test `test_sequence_model1`: exit 3 from ORT's type check)
+NOT_A_TENSOR = TensorProto.UNDEFINED
 log = logging.getLogger("bisector")
 
 # Protobuf cannot serialise a message of 2 GiB or more: larger models are loaded by path and written with external
@@ -112,6 +116,7 @@ class Catalog:
         opset = model_opset(model)
         outer = {n.name: outer_scope_inputs(n) for n in graph.node if has_subgraph(n)}
         shape_nodes = _shape_computation_nodes(graph, opset)
+        _check_tensor_outputs(graph, tensor_types)
         candidates, pinned = [], {}
         for node in graph.node:
             if node.op_type in NEVER_CANDIDATES or (node.output and node.output[0] in fills):
@@ -119,7 +124,11 @@ class Catalog:
             tensors = [t for t in list(node.input) + list(node.output) + list(outer.get(node.name, ())) if t]
             if not any(tensor_types.get(t, FLOAT) == FLOAT for t in tensors):
                 continue  # no floating-point tensor: nothing to keep in FP32
-            if node.name in shape_nodes:
+            if any(tensor_types.get(t) == NOT_A_TENSOR for t in tensors):
+                # An FP16 node would store FP16 tensors into (or read them from) a sequence typed FP32: the mixed
+                # model would need the sequence retyped end to end. These nodes only move tensors: kept FP32
+                pinned[node.name] = f"{node.op_type} reads or writes a sequence/optional value: kept FP32"
+            elif node.name in shape_nodes:
                 pinned[node.name] = "shape computation: its outputs only feed shape/index parameters"
             elif node.op_type in ("Loop", "Scan"):
                 pinned[node.name] = f"control flow ({node.op_type}): its body is not split; kept FP32 as one unit"
@@ -257,6 +266,10 @@ class Catalog:
 
     def is_float(self, tensor: str) -> bool:
         return self.tensor_types.get(tensor, FLOAT) == FLOAT
+
+    def is_sequence(self, tensor: str) -> bool:
+        """A value that is not a tensor (a sequence, an optional, a map): never rounded, compared or cut at."""
+        return self.tensor_types.get(tensor) == NOT_A_TENSOR
 
     def node_inputs(self, name: str) -> list[str]:
         """Explicit inputs followed by outer-scope values its subgraphs read (If/Loop/Scan)."""
@@ -424,12 +437,26 @@ def _conflicts(declared: onnx.ValueInfoProto, inferred: onnx.ValueInfoProto) -> 
     return False
 
 
+def _check_tensor_outputs(graph: onnx.GraphProto, tensor_types: dict[str, int]) -> None:
+    """Outputs are compared as tensors (Polygraphy's comparator does the same): a sequence, optional or map
+    output cannot be judged, so say so instead of failing somewhere in the comparison."""
+    for o in graph.output:
+        if tensor_types.get(o.name) == NOT_A_TENSOR:
+            kind = o.type.WhichOneof("value") or "non-tensor"
+            raise UsageError(f"graph output {o.name!r} is a {kind.replace('_type', '')}, not a tensor: bisector compares "
+                             "tensor outputs only. Give the model tensor outputs (e.g. a ConcatFromSequence or "
+                             "SequenceAt before the output)")
+
+
 def _tensor_types(model: onnx.ModelProto, inferred: dict[str, onnx.ValueInfoProto]) -> dict[str, int]:
     types: dict[str, int] = {}
     infos = list(model.graph.value_info) + list(model.graph.input) + list(model.graph.output)
     for vi in infos + list(inferred.values()):  # inference wins over what the file declares
-        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
+        kind = vi.type.WhichOneof("value")
+        if kind == "tensor_type" and vi.type.tensor_type.elem_type:
             types[vi.name] = vi.type.tensor_type.elem_type
+        elif kind in ("sequence_type", "optional_type", "map_type"):
+            types[vi.name] = NOT_A_TENSOR
     for init in model.graph.initializer:
         types[init.name] = init.data_type
     for node in model.graph.node:

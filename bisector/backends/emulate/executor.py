@@ -355,7 +355,7 @@ class NodeExecutor:
             if t not in self.weights:
                 # an outer-scope value of a subgraph: no Cast can reach inside, so it is rounded here
                 feed.setdefault(t, rules.round_activation_as(self.storage, v) if (r is Read.ROUND and idx is None) else v)
-        key = (node.name, reads, round_out, tuple(str(v.dtype) for v in feed.values()))
+        key = (node.name, reads, round_out, tuple(_type_key(v) for v in feed.values()))
         sess = self._cached(key)
         if sess is None:
             nodes, weights = self.compose([node], [(reads, round_out)])
@@ -464,7 +464,7 @@ class NodeExecutor:
         graph = helper.make_graph(
             nodes,
             "bisector_part",
-            [helper.make_tensor_value_info(t, _NP_TO_ONNX[np.dtype(v.dtype)], None) for t, v in inputs.items()]
+            [_input_info(t, v) for t, v in inputs.items()]
             + [helper.make_tensor_value_info(t, _NP_TO_ONNX[v.dtype], v.shape) for t, v in fed.items()],
             [onnx.ValueInfoProto(name=o) for o in outputs],
             initializer=initializers,
@@ -478,7 +478,7 @@ class NodeExecutor:
         # A run on part of the batch (a screen's item, the ranking's sample) builds the session the whole batch
         # runs too: its inputs count at the batch's size (`run_scale`), or most sessions a screen built on a
         # 16-image batch started alone and were built again with their pool after the batch's first run
-        largest_input = int(max((np.asarray(v).nbytes for v in inputs.values()), default=0) * self.run_scale)
+        largest_input = int(max((_nbytes(v) for v in inputs.values()), default=0) * self.run_scale)
         weight_bytes = sum(np.asarray(v).nbytes for v in weights.values())
         small = largest_input < _SMALL_TENSOR_BYTES and weight_bytes < _SMALL_WEIGHT_BYTES
         # Large inputs through large weights (a transformer layer's MatMuls over a sequence): the first run is
@@ -510,7 +510,7 @@ class NodeExecutor:
         self.sessions_built += 1
         self.build_seconds += time.perf_counter() - t0
         if not pooled and not small and self._opts.intra_op_num_threads > 1:
-            types = {t: np.empty(0, np.asarray(v).dtype) for t, v in inputs.items()}  # not the arrays: no hold on them
+            types = {t: _type_only(v) for t, v in inputs.items()}  # not the arrays: no hold on them
             sess._bisector_pooled = lambda: self._session(nodes, what, types, weights, outputs, pooled=True)  # type: ignore[attr-defined]
         return sess
 
@@ -795,7 +795,7 @@ class _Block:
 def _partition(catalog: Catalog, size: int) -> list[_Block]:
     # Constants and constant fills are weights (the executor holds their values), not nodes to run
     nodes = [n for n in catalog.model.graph.node if not catalog.computes_weight(n)]
-    chunks = _chunks(nodes, max(size, 1), _build_only_bytes(catalog, nodes))
+    chunks = _chunks(nodes, max(size, 1), _build_only_bytes(catalog, nodes), _open_values(catalog, nodes))
     chunk_of = {n.name: ci for ci, chunk in enumerate(chunks) for n in chunk}
     readers = {t: {chunk_of[r.name] for r, _ in uses if r.name in chunk_of} for t, uses in catalog.consumers.items()}
     graph_outputs = set(catalog.output_names)
@@ -831,15 +831,61 @@ def _build_only_bytes(catalog: Catalog, nodes: list[onnx.NodeProto]) -> dict[str
     return out
 
 
-def _chunks(nodes: list[onnx.NodeProto], size: int, const_bytes: Mapping[str, int]) -> list[list[onnx.NodeProto]]:
+def _input_info(name: str, value) -> onnx.ValueInfoProto:
+    """A session input's declaration from the value it is fed: a tensor's element type, or a sequence of the
+    element type of its first tensor (a list, as ORT returns a sequence; FLOAT where it is empty)."""
+    if isinstance(value, (list, tuple)):
+        elem = _NP_TO_ONNX[np.dtype(value[0].dtype)] if value else onnx.TensorProto.FLOAT
+        return helper.make_tensor_sequence_value_info(name, elem, None)
+    return helper.make_tensor_value_info(name, _NP_TO_ONNX[np.dtype(value.dtype)], None)
+
+
+def _nbytes(value) -> int:
+    if isinstance(value, (list, tuple)):
+        return sum(int(np.asarray(v).nbytes) for v in value)
+    return int(np.asarray(value).nbytes)
+
+
+def _type_key(value) -> str:
+    if isinstance(value, (list, tuple)):
+        return "seq(" + (str(np.asarray(value[0]).dtype) if value else "") + ")"
+    return str(value.dtype)
+
+
+def _type_only(value):
+    """An empty stand-in with `value`'s type (for a session built again later without holding the value)."""
+    if isinstance(value, (list, tuple)):
+        return [np.empty(0, np.asarray(value[0]).dtype)] if value else []
+    return np.empty(0, np.asarray(value).dtype)
+
+
+def _open_values(catalog: Catalog, nodes: list[onnx.NodeProto]) -> list[bool]:
+    """For each position in `nodes`: does a value that is not a tensor (a sequence, an optional) cross the cut
+    just before it? Block boundaries are arrays the executor holds, rounds and feeds; a sequence is none of
+    these, so it stays inside one session, from its producer to its last reader."""
+    last_read: dict[str, int] = {}
+    for i, n in enumerate(nodes):
+        for t in catalog.node_inputs(n.name):
+            if catalog.is_sequence(t):
+                last_read[t] = i
+    crossing = [False] * len(nodes)
+    for i, n in enumerate(nodes):
+        for o in n.output:
+            for j in range(i + 1, last_read.get(o, i) + 1):
+                crossing[j] = True
+    return crossing
+
+
+def _chunks(nodes: list[onnx.NodeProto], size: int, const_bytes: Mapping[str, int],
+            open_before: list[bool] | None = None) -> list[list[onnx.NodeProto]]:
     """Consecutive nodes, `size` at most per chunk, and at most BLOCK_CONST_BYTES of weights that a session copies
-    while it is built (a single node may hold more)."""
+    while it is built (a single node may hold more); never cut where `open_before` says a sequence crosses."""
     chunks: list[list[onnx.NodeProto]] = []
     cur: list[onnx.NodeProto] = []
     held = 0
-    for n in nodes:
+    for i, n in enumerate(nodes):
         b = const_bytes.get(n.name, 0)
-        if cur and (len(cur) >= size or held + b > BLOCK_CONST_BYTES):
+        if cur and (len(cur) >= size or held + b > BLOCK_CONST_BYTES) and not (open_before and open_before[i]):
             chunks.append(cur)
             cur, held = [], 0
         cur.append(n)

@@ -54,6 +54,9 @@ class ReferenceStore(Mapping):
         self._held[name] = value
 
     def __setitem__(self, name: str, value: np.ndarray) -> None:
+        if isinstance(value, (list, tuple)):  # a sequence value (a list of arrays, as ORT gives it): held as is
+            self.hold(name, value)
+            return
         a = np.asarray(value)
         if (self.threshold is None or a.nbytes < self.threshold or a.dtype.hasobject
                 or not self._write(name, np.ascontiguousarray(a))):
@@ -101,7 +104,7 @@ class ReferenceStore(Mapping):
         """A tensor's dtype without reading it (None: not here)."""
         held = self._held.get(name)
         if held is not None:
-            return np.asarray(held).dtype
+            return np.dtype(object) if isinstance(held, (list, tuple)) else np.asarray(held).dtype
         spilled = self._spilled.get(name)
         return spilled[1] if spilled else None
 
