@@ -168,3 +168,26 @@ def test_switch_is_the_default_and_the_environment_chooses(monkeypatch):
     monkeypatch.setenv("BISECTOR_ORT_CUDA_SWITCH", "yes please")
     with pytest.raises(UsageError, match="BISECTOR_ORT_CUDA_SWITCH"):
         OrtCudaBackend(providers=[CPU_EP])
+
+
+def test_sequence_values_switch_and_per_plan_models_agree():
+    """The sequences construct (nodes that read or write a sequence are pinned FP32): the switch model and each
+    plan's own mixed model give the same outputs (CPU stand-in), on random plans."""
+    from pathlib import Path
+
+    from bisector.model.inputs import generate_inputs
+
+    cat = Catalog.load(Path(__file__).parents[1] / "fixtures" / "constructs" / "sequences.onnx")
+    feeds = generate_inputs(cat, {"x": (-1.0, 1.0)})[0]
+    per_plan = OrtCudaBackend(providers=[CPU_EP], graph_optimization="disable", switch=False)
+    switch = OrtCudaBackend(providers=[CPU_EP], graph_optimization="disable")
+    for b in (per_plan, switch):
+        b.open(cat)
+    rng = np.random.default_rng(1)
+    plans = [Plan(frozenset(c for c in cat.candidates if rng.random() < 0.5), cat.candidates) for _ in range(10)]
+    for plan in plans + [Plan.all_fp16(cat.candidates)]:
+        a, b = per_plan.run(plan, feeds), switch.run(plan, feeds)
+        np.testing.assert_array_equal(a["y"], b["y"])
+    # the planted weight (1e5, clamped to 65504 in FP16) makes all-FP16 differ from all-FP32 far beyond rounding
+    fp32 = switch.run(Plan(frozenset(cat.candidates), cat.candidates), feeds)["y"]
+    assert np.abs(switch.run(Plan.all_fp16(cat.candidates), feeds)["y"] - fp32).max() > 0.05
