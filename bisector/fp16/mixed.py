@@ -25,6 +25,7 @@ from bisector.fp16.casts import FLOAT, FLOAT16, cast, fp16_name, raw_name, round
 from bisector.fp16.plan import Plan
 from bisector.fp16.points import Read, RoundingPoints, rounding_points
 from bisector.model import weights as weight_store
+from bisector.model.optable import with_default_opset
 from bisector.model.catalog import Catalog
 from bisector.model.graph import copy_without_initializers, graph_reads, rename_free, subgraphs
 
@@ -58,6 +59,10 @@ def build_mixed_detached(catalog: Catalog, plan: Plan | frozenset[str],
     emit = NodeWriter(catalog, rounding_points(catalog, plan), detached=True, rounded=rounded)
     for node in src.graph.node:
         graph.node.extend(emit.node(node))  # copies each node: `emit.node` may hand back the source's own
+    if any(n.domain in ("", "ai.onnx") for n in graph.node):  # the Casts added: an opset for them
+        imports = with_default_opset(model)
+        del model.opset_import[:]
+        model.opset_import.extend(imports)
     _add_used_initializers(model, list(src.graph.initializer) + emit.new_inits, catalog.fills)
     values = {**catalog.weight_arrays, **emit.new_values}
     return model, {i.name: values[i.name] for i in graph.initializer if weight_store.is_stub(i)}

@@ -130,6 +130,11 @@ class Catalog:
                 pinned[node.name] = f"{node.op_type} reads or writes a sequence/optional value: kept FP32"
             elif node.name in shape_nodes:
                 pinned[node.name] = "shape computation: its outputs only feed shape/index parameters"
+            elif node.domain == "ai.onnx.ml":
+                # Tree ensembles, SVMs, linear models: TensorRT has no layer for them, and the schemas that do allow
+                # FP16 type their tensor attributes (split thresholds, leaf weights) like the input, so an FP16 one
+                # is a different model from the FP32 one with rounded inputs that an emulation would compute
+                pinned[node.name] = f"ONNX-ML operator ({node.op_type}): kept FP32"
             elif node.op_type in ("Loop", "Scan"):
                 pinned[node.name] = f"control flow ({node.op_type}): its body is not split; kept FP32 as one unit"
             elif not supports_fp16(node.op_type, node.domain, _default_domain_opset(node, opset)):

@@ -73,6 +73,15 @@ def supports_fp16(op_type: str, domain: str, opset: int | None) -> bool:
     return any("tensor(float16)" in c.allowed_type_strs for c in schema.type_constraints) or not schema.type_constraints
 
 
+def with_default_opset(model: onnx.ModelProto) -> list:
+    """The model's opset imports, plus the default domain (opset 13, for the Casts bisector adds) where a model
+    imports only other domains (an ai.onnx.ml-only tree ensemble: its mixed model failed the checker)."""
+    imports = list(model.opset_import)
+    if not any(i.domain in ("", "ai.onnx") for i in imports):
+        imports.append(onnx.helper.make_opsetid("", 13))
+    return imports
+
+
 def model_opset(model: onnx.ModelProto, domain: str = "") -> int | None:
     for imp in model.opset_import:
         if imp.domain in (domain, "ai.onnx" if domain == "" else domain):

@@ -39,7 +39,7 @@ from bisector.model import pages
 from bisector.model import weights as weight_store
 from bisector.model.catalog import Catalog
 from bisector.model.graph import has_subgraph, nonempty
-from bisector.model.optable import model_opset
+from bisector.model.optable import model_opset, with_default_opset
 
 # Tensors of these ONNX element types are what FP16 storage changes.
 _NP_TO_ONNX = {np.dtype(k): v for k, v in {
@@ -469,7 +469,7 @@ class NodeExecutor:
             [onnx.ValueInfoProto(name=o) for o in outputs],
             initializer=initializers,
         )
-        part = helper.make_model(graph, opset_imports=_with_default_opset(model), ir_version=min(model.ir_version, 10))
+        part = helper.make_model(graph, opset_imports=with_default_opset(model), ir_version=min(model.ir_version, 10))
         # Each session owns an intra-op pool, idle between runs: hundreds of block sessions meant thousands of
         # threads on a 16-core host (what a container's pids limit counts) and ~64 KB of memory per thread (a
         # 12-layer transformer's search: 12 MB on 2 cores, ~100 MB on 16). A session therefore starts on the
@@ -905,14 +905,6 @@ def _unfusable(catalog: Catalog, node: onnx.NodeProto) -> bool:
         return True
     return any(catalog.tensor_types.get(t) in (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
                for t in list(node.input) + list(node.output) if t)
-
-
-def _with_default_opset(model: onnx.ModelProto) -> list:
-    """The model's opsets, plus the default domain (Cast) when a model imports only custom domains."""
-    imports = list(model.opset_import)
-    if not any(i.domain in ("", "ai.onnx") for i in imports):
-        imports.append(helper.make_opsetid("", 13))
-    return imports
 
 
 class Overlay(Mapping):
