@@ -250,7 +250,25 @@ def test_a_sequence_output_is_refused_with_a_message(tmp_path):
                           [helper.make_tensor_sequence_value_info("s", onnx.TensorProto.FLOAT, None)])
     path = tmp_path / "seq_out.onnx"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
-    with pytest.raises(Exception) as err:
-        Catalog.load(path)
+    from bisector.errors import UsageError
+    from bisector.model.catalog import check_comparable_outputs
+
+    cat = Catalog.load(path)  # `inspect` reads it
+    assert cat.is_sequence("s") and "split" in cat.pinned
+    with pytest.raises(UsageError) as err:
+        check_comparable_outputs(cat.model.graph, cat.tensor_types)
     assert "graph output 's' is a sequence" in str(err.value)
     assert main_cli("precision", path, "--fp16", "-o", tmp_path / "o", "--no-cache") == 2
+    assert main_cli("inspect", path) == 0
+
+
+def test_an_output_onnx_runtime_cannot_return_is_refused_with_a_message(tmp_path, capsys):
+    from onnx import helper
+
+    g = helper.make_graph([helper.make_node("Cast", ["x"], ["y"], name="to_bf16", to=onnx.TensorProto.BFLOAT16)],
+                          "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 4])],
+                          [helper.make_tensor_value_info("y", onnx.TensorProto.BFLOAT16, [1, 4])])
+    path = tmp_path / "bf16_out.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    assert main_cli("precision", path, "--fp16", "-o", tmp_path / "o", "--no-cache") == 2
+    assert "graph output 'y' is BFLOAT16" in capsys.readouterr().err

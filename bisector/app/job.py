@@ -16,7 +16,7 @@ import numpy as np
 from bisector.backends import backend_factory
 from bisector.backends.base import Backend
 from bisector.backends.canary import run_canary
-from bisector.model.catalog import Catalog
+from bisector.model.catalog import Catalog, check_comparable_outputs
 from bisector.compare import Tolerance
 from bisector.errors import UsageError
 from bisector.model.golden import Golden, default_cache_dir, get_golden
@@ -93,6 +93,7 @@ def build_job(model: Path, inputs: Inputs, tolerances: Tolerances, backend: Back
     tolerance = tolerances.tolerance()
     make_backend = backend_factory(backend.backend, **backend.backend_options(inputs.input_shapes, **backend_extra))
     catalog = Catalog.load(model)
+    check_comparable_outputs(catalog.model.graph, catalog.tensor_types)
     from bisector.files import protect
 
     protect(model, "the input model")  # no output of ours (--save-inputs, --json, -o, ...) may overwrite an input

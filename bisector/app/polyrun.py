@@ -25,7 +25,7 @@ from bisector import ort_pool
 from bisector.app.options import BackendChoice, Cache, Comparison, Inputs, Runners, Tolerances, TrtBuilder
 from bisector.compare import OutputComparison, compare_output, indices_match, non_finite
 from bisector.errors import UsageError
-from bisector.model.catalog import Catalog
+from bisector.model.catalog import Catalog, check_comparable_outputs
 from bisector.model.polyjson import Feeds
 from bisector.model.weights import ort_session
 
@@ -112,6 +112,7 @@ def polyrun(model: str | Path, fp32: Iterable[str] = (), *, constraints: str | P
     if not Path(model).is_file():
         raise UsageError(f"model not found: {model}")
     catalog = Catalog.load(Path(model))
+    check_comparable_outputs(catalog.model.graph, catalog.tensor_types)
     report: list[str] = []
     no_effect = _no_effect(backend, runners, trt_builder, report)
     # Polygraphy's checks exactly: the search's headroom (--margin) is not part of a Polygraphy comparison.

@@ -116,7 +116,6 @@ class Catalog:
         opset = model_opset(model)
         outer = {n.name: outer_scope_inputs(n) for n in graph.node if has_subgraph(n)}
         shape_nodes = _shape_computation_nodes(graph, opset)
-        _check_tensor_outputs(graph, tensor_types)
         candidates, pinned = [], {}
         for node in graph.node:
             if node.op_type in NEVER_CANDIDATES or (node.output and node.output[0] in fills):
@@ -442,10 +441,22 @@ def _conflicts(declared: onnx.ValueInfoProto, inferred: onnx.ValueInfoProto) -> 
     return False
 
 
-def _check_tensor_outputs(graph: onnx.GraphProto, tensor_types: dict[str, int]) -> None:
+# Element types ONNX Runtime's Python binding returns no numpy array for (its run fails with "No corresponding
+# Numpy type for Tensor Type"): a graph output of one of these cannot be golden
+_NO_NUMPY_TYPE = frozenset(getattr(TensorProto, t) for t in (
+    "BFLOAT16", "FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2", "FLOAT8E5M2FNUZ", "FLOAT8E8M0", "FLOAT4E2M1", "UINT4",
+    "INT4", "UINT2", "INT2") if hasattr(TensorProto, t))
+
+
+def check_comparable_outputs(graph: onnx.GraphProto, tensor_types: dict[str, int]) -> None:
     """Outputs are compared as tensors (Polygraphy's comparator does the same): a sequence, optional or map
-    output cannot be judged, so say so instead of failing somewhere in the comparison."""
+    output, or one of a type ONNX Runtime cannot hand back, cannot be judged, so say so (before the golden run)
+    instead of failing somewhere in the comparison. `inspect` does not ask: it reads any model."""
     for o in graph.output:
+        if tensor_types.get(o.name) in _NO_NUMPY_TYPE:
+            raise UsageError(f"graph output {o.name!r} is {TensorProto.DataType.Name(tensor_types[o.name])}: ONNX "
+                             "Runtime's Python binding cannot return it, so no golden output can be computed or "
+                             "compared. Cast it to FLOAT (or FLOAT16) before the output")
         if tensor_types.get(o.name) == NOT_A_TENSOR:
             kind = o.type.WhichOneof("value") or "non-tensor"
             raise UsageError(f"graph output {o.name!r} is a {kind.replace('_type', '')}, not a tensor: bisector compares "
