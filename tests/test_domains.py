@@ -47,3 +47,90 @@ def test_onnx_ml_operators_are_pinned_fp32(tmp_path):
     c = json.loads((tmp_path / "o" / "constraints.json").read_text())
     assert "scale" in c["pinned"]
     onnx.checker.check_model(onnx.load(tmp_path / "o" / "model.mixed.onnx"), full_check=True)
+
+
+def _scan_without_body_shapes(tmp_path):
+    from onnx import numpy_helper
+
+    def vi(n):  # element type only: ORT infers the shapes from the outer graph, where the whole model declares them
+        return helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
+
+    body = helper.make_graph([helper.make_node("Add", ["s_in", "x_t"], ["s_out"], name="body_add"),
+                              helper.make_node("Identity", ["s_out"], ["y_t"], name="body_id")],
+                             "body", [vi("s_in"), vi("x_t")], [vi("s_out"), vi("y_t")])
+    nodes = [helper.make_node("Mul", ["x", "two"], ["x2"], name="double"),
+             helper.make_node("Scan", ["init", "x2"], ["final", "ys"], name="scan", num_scan_inputs=1, body=body),
+             helper.make_node("Tanh", ["ys"], ["y"], name="squash")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 3])],
+                          initializer=[numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+                                       numpy_helper.from_array(np.zeros(3, np.float32), "init")])
+    path = tmp_path / "scan.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    return path
+
+
+def test_a_scan_whose_body_declares_no_shapes_runs_on_its_own_with_its_inputs_shapes(tmp_path):
+    """ORT builds such a Scan alone but fails its first run ("Subgraph must have the shape set for all outputs"):
+    the whole model declares the shapes, a one-node session did not. The executor builds it again with them."""
+    from bisector.backends.emulate.backend import EmulateBackend
+    from bisector.fp16.plan import Plan
+
+    path = _scan_without_body_shapes(tmp_path)
+    assert main_cli("precision", path, "--fp16", "--atol", "1e-2", "-o", tmp_path / "o", "--no-cache") == 0
+    cat = Catalog.load(path)
+    be = EmulateBackend()
+    be.open(cat)
+    x = np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3)
+    fp32 = be.run(Plan(frozenset(cat.candidates), cat.candidates), {"x": x})["y"]
+    np.testing.assert_allclose(fp32, np.tanh(np.cumsum(2 * x, axis=0)), rtol=1e-6)
+    assert ("node", "scan") in be.executor._shaped
+    # another shape (what a part of a batch feeds) builds a session of its own instead of failing
+    x5 = np.linspace(-1, 1, 15, dtype=np.float32).reshape(5, 3)
+    out = be.executor.run_node(cat.nodes["scan"], [np.zeros(3, np.float32), 2 * x5])
+    np.testing.assert_allclose(out[1], np.cumsum(2 * x5, axis=0), rtol=1e-6)
+
+
+def test_an_operator_ort_runs_as_its_onnx_function_builds_on_its_own(tmp_path):
+    """Opset 27's CausalConvWithState has no ORT kernel: ORT expands the function that defines it, which needs
+    the inputs' shapes declared (the onnx wheel's own node test model)."""
+    import pytest
+
+    try:
+        from onnx.backend.test.case.node import collect_testcases
+    except ImportError:  # pragma: no cover - an onnx without its test cases
+        pytest.skip("onnx's backend test cases are not installed")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        case = next((c for c in collect_testcases() if c.name == "test_causal_conv_with_state_basic"), None)
+    if case is None:
+        pytest.skip("this onnx has no CausalConvWithState test case")
+    path = tmp_path / "ccws.onnx"
+    path.write_bytes(case.model.SerializeToString())
+    try:
+        ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    except Exception:  # noqa: BLE001
+        pytest.skip("this ONNX Runtime cannot load opset 27")
+    assert main_cli("precision", path, "--fp16", "-o", tmp_path / "o", "--no-cache") == 0
+
+
+def test_an_input_with_a_fixed_empty_dimension_is_fed_empty_not_one(tmp_path, caplog):
+    """dim_value 0 is a fixed dimension (ORT accepts only 0 there; Polygraphy's data loader calls only negative or
+    named dimensions dynamic). Read as dynamic, bisector fed 1 and ORT refused the golden run (46 of the onnx
+    wheel's node tests, e.g. CastLike's empty `like` input)."""
+    from bisector.model.inputs import input_metas, resolve_shapes
+
+    g = helper.make_graph([helper.make_node("CastLike", ["x", "like"], ["c"], name="castlike"),
+                           helper.make_node("Tanh", ["c"], ["y"], name="tanh")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+                           helper.make_tensor_value_info("like", TensorProto.FLOAT, [0])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    path = tmp_path / "empty_dim.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    cat = Catalog.load(path)
+    assert resolve_shapes(input_metas(cat), {})["like"] == (0,)
+    assert "dynamic" not in caplog.text
+    assert main_cli("precision", path, "--fp16", "--atol", "1e-2", "-o", tmp_path / "o", "--no-cache") == 0
+    assert main_cli("precision", path, "--fp16", "--input-shapes", "like:[1]", "-o", tmp_path / "o2", "--no-cache") == 2

@@ -151,7 +151,8 @@ def run_reference_model(catalog: Catalog, feeds_list: Sequence[Feeds]) -> list[F
         try:
             values = session.run(names, dict(feeds))
         except Exception as exc:
-            raise UsageError(f"the FP32 reference run failed on input set {i}: {exc}{_dynamic_hint(catalog, feeds)}") from None
+            said = str(exc).rstrip().rstrip(".")  # ORT's own full stop, before ours
+            raise UsageError(f"the FP32 reference run failed on input set {i}: {said}{_dynamic_hint(catalog, feeds)}") from None
         outs.append({k: _own(spill(v)) for k, v in zip(names, values)})
         del values
     return outs
@@ -171,9 +172,11 @@ def _dynamic_hint(catalog: Catalog, feeds: Feeds) -> str:
     from bisector.model.inputs import input_metas
 
     dynamic = [f"{m.name}{list(m.shape)}" for m in input_metas(catalog)
-               if m.shape is not None and any(not (isinstance(d, int) and d > 0) for d in m.shape)]
+               if m.shape is not None and any(not (isinstance(d, int) and d >= 0) for d in m.shape)]
     if not dynamic:
-        return ""
+        # the usual reason then: an input that is an index, a shape, a count or a scale got generated values
+        return (". If an input carries indices, shapes, counts or scales, give it values the model accepts: "
+                "--val-range NAME:[lo,hi], or real inputs with --load-inputs")
     used = ", ".join(f"{k}:{list(np.shape(v))}" for k, v in feeds.items())
     return (f". The model has dynamic input dimensions ({', '.join(dynamic)}); the run used {used}. "
             f"Give the shapes the model needs with --input-shapes, e.g. --input-shapes {dynamic[0].split('[')[0]}:[...]")

@@ -57,15 +57,17 @@ def resolve_shapes(metas: Sequence[InputMeta], overrides: dict[str, tuple[int, .
             if m.shape is not None and len(shape) != len(m.shape):
                 raise UsageError(f"--input-shapes {m.name}: rank {len(shape)} but the model declares rank {len(m.shape)}")
             for got, want in zip(shape, m.shape or ()):
-                if isinstance(want, int) and want > 0 and got != want:
+                if isinstance(want, int) and want >= 0 and got != want:
                     raise UsageError(f"--input-shapes {m.name}: {list(shape)} conflicts with the fixed shape {list(m.shape)}")
         elif m.shape is None:
             raise UsageError(f"input {m.name!r} has no declared shape; give it with --input-shapes {m.name}:[...]")
         else:
-            dynamic = [d for d in m.shape if not (isinstance(d, int) and d > 0)]
+            # A dim_value of 0 is a fixed empty dimension (ONNX Runtime accepts only 0 there), as in Polygraphy,
+            # whose data loader calls only negative or named dimensions dynamic
+            dynamic = [d for d in m.shape if not (isinstance(d, int) and d >= 0)]
             if dynamic:
                 log.warning("input %s has dynamic dimensions %s; using 1 (set --input-shapes)", m.name, dynamic)
-            shape = tuple(d if isinstance(d, int) and d > 0 else 1 for d in m.shape)
+            shape = tuple(d if isinstance(d, int) and d >= 0 else 1 for d in m.shape)
         shapes[m.name] = shape
     return shapes
 

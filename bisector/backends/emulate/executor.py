@@ -19,7 +19,7 @@ import os
 import time
 import weakref
 from collections import OrderedDict
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import onnx
@@ -119,7 +119,8 @@ class NodeExecutor:
         # the batch would: a session's first run there decides its pool as the batch's run would (`_run`)
         self.run_scale = 1.0
         self.sessions_built = 0
-        self.build_seconds = 0.0  # time spent building sessions (a one-time cost per node variant and block)
+        self.build_seconds = 0.0
+        self._shaped: set[tuple] = set()  # parts built with their inputs' shapes declared (`_session`)  # time spent building sessions (a one-time cost per node variant and block)
 
     def _options(self, threads: int | None = None) -> ort.SessionOptions:
         opts = ort_pool.session_options(threads or self._threads or usable_cores())
@@ -356,14 +357,24 @@ class NodeExecutor:
                 # an outer-scope value of a subgraph: no Cast can reach inside, so it is rounded here
                 feed.setdefault(t, rules.round_activation_as(self.storage, v) if (r is Read.ROUND and idx is None) else v)
         key = (node.name, reads, round_out, tuple(_type_key(v) for v in feed.values()))
+        key, shapes = self._shaped_key(("node", node.name), key, feed)
         sess = self._cached(key)
         if sess is None:
             nodes, weights = self.compose([node], [(reads, round_out)])
             sess = self._keep(key, self._session(nodes, f"node {node.name!r} ({node.op_type})", feed, weights,
-                                                 nonempty(node.output)))
+                                                 nonempty(node.output), ident=("node", node.name), shapes=shapes))
         try:
             return self._run(key, sess, None, feed)
         except Exception as exc:
+            ident = ("node", node.name)
+            if ident not in self._shaped and all(isinstance(v, np.ndarray) for v in feed.values()):
+                # A Scan whose body declares no output shapes builds, then fails its first run ("Subgraph must
+                # have the shape set for all outputs"): once more with the inputs' shapes declared (`_session`)
+                self._shaped.add(ident)
+                try:
+                    return self.run_node(node, values, reads, round_out)
+                except BackendFailure:
+                    self._shaped.discard(ident)
             raise BackendFailure(f"ONNX Runtime failed to run node {node.name!r} ({node.op_type}): {exc}") from None
 
     def compose(self, nodes: list[onnx.NodeProto], specs,
@@ -438,7 +449,8 @@ class NodeExecutor:
         return None if w is None else int(np.ndim(w))
 
     def _session(self, nodes, what: str, inputs: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
-                 outputs: list[str], pooled: bool = False) -> ort.InferenceSession:
+                 outputs: list[str], pooled: bool = False, ident: Any = None,
+                 shapes: Mapping[str, tuple] | None = None) -> ort.InferenceSession:
         """One ORT session. Numeric weights are not serialised into it. Most become graph inputs, fed from this
         executor's own arrays on every run (ORT reads a fed CPU array in place). Weights of the ops whose fast
         kernels need a constant (Conv's NCHWc layout: several times faster) are named as external data
@@ -464,7 +476,7 @@ class NodeExecutor:
         graph = helper.make_graph(
             nodes,
             "bisector_part",
-            [_input_info(t, v) for t, v in inputs.items()]
+            [_input_info(t, v, None if shapes is None else shapes.get(t)) for t, v in inputs.items()]
             + [helper.make_tensor_value_info(t, _NP_TO_ONNX[v.dtype], v.shape) for t, v in fed.items()],
             [onnx.ValueInfoProto(name=o) for o in outputs],
             initializer=initializers,
@@ -497,6 +509,20 @@ class NodeExecutor:
         try:
             sess = ort.InferenceSession(part.SerializeToString(), opts, providers=["CPUExecutionProvider"])
         except Exception as exc:
+            if shapes is None and ident is not None and all(isinstance(v, np.ndarray) for v in inputs.values()):
+                # Some nodes build only where their inputs' shapes are declared: an operator ORT runs as the
+                # ONNX function that defines it (opset 27's CausalConvWithState), a Scan whose body declares no
+                # output shapes (ORT infers them from the outer graph). The whole model declares them; a part
+                # built on its own did not. Built again with the shapes of the values at hand; from then on the
+                # shapes are part of its key (`_shaped_key`): other shapes (a part of the batch) build their own
+                shaped = {t: tuple(v.shape) for t, v in inputs.items()}
+                try:
+                    sess = self._session(nodes, what, inputs, weights, outputs, pooled, None, shaped)
+                except BackendFailure:
+                    pass
+                else:
+                    self._shaped.add(ident)
+                    return sess
             raise BackendFailure(f"ONNX Runtime cannot build {what} on its own: {exc}") from None
         # ORT's Python wrapper keeps the serialised graph for a provider fallback a CPU session never takes
         # (`set_providers`, which we never call): ~20 KB per block of a 5000-node chain, 11 MB over its search.
@@ -511,7 +537,8 @@ class NodeExecutor:
         self.build_seconds += time.perf_counter() - t0
         if not pooled and not small and self._opts.intra_op_num_threads > 1:
             types = {t: _type_only(v) for t, v in inputs.items()}  # not the arrays: no hold on them
-            sess._bisector_pooled = lambda: self._session(nodes, what, types, weights, outputs, pooled=True)  # type: ignore[attr-defined]
+            sess._bisector_pooled = lambda: self._session(nodes, what, types, weights, outputs, pooled=True,  # type: ignore[attr-defined]
+                                                          shapes=shapes)
         return sess
 
     def _run(self, key: tuple, sess: ort.InferenceSession, outputs, feed,
@@ -596,18 +623,25 @@ class NodeExecutor:
         except Exception as exc:
             raise BackendFailure(f"ONNX Runtime failed to run the {key[0]} graph: {exc}") from None
 
+    def _shaped_key(self, ident: tuple, key: tuple, feed: Mapping[str, Any]) -> tuple[tuple, dict | None]:
+        """`key` with the feed's shapes, and the shapes to declare, for a part that builds only with them."""
+        if ident not in self._shaped:
+            return key, None
+        shapes = {t: tuple(np.shape(v)) for t, v in feed.items() if isinstance(v, np.ndarray)}
+        return key + (tuple(shapes.items()),), shapes
+
     def _run_block(self, block: "_Block", values: list[np.ndarray], specs: tuple) -> list[np.ndarray]:
         if block.elementwise and _numpy_blocks() and all(
                 isinstance(v, np.ndarray) and v.dtype == np.float32 and v.nbytes <= NUMPY_BLOCK_BYTES for v in values):
             return self._run_block_numpy(block, values, specs)
         feed = {t: v for t, v in zip(block.inputs, values) if t not in self.weights}
-        key = ("block", block.index, specs)
+        key, shapes = self._shaped_key(("block", block.index), ("block", block.index, specs), feed)
         sess = self._cached(key)
         if sess is None:
             nodes, weights = self.compose(block.nodes, specs)
             sess = self._keep(key, self._session(
                 nodes, f"block {block.index} ({block.nodes[0].name}..{block.nodes[-1].name})", feed, weights,
-                list(block.outputs)))
+                list(block.outputs), ident=("block", block.index), shapes=shapes))
         shrink = (self._shrink_from < float("inf") and _grown_past(self._shrink_above)
                   and sum(int(getattr(v, "nbytes", 0)) for v in feed.values()) >= self._shrink_from)
         try:
@@ -831,13 +865,13 @@ def _build_only_bytes(catalog: Catalog, nodes: list[onnx.NodeProto]) -> dict[str
     return out
 
 
-def _input_info(name: str, value) -> onnx.ValueInfoProto:
+def _input_info(name: str, value, shape: tuple | None = None) -> onnx.ValueInfoProto:
     """A session input's declaration from the value it is fed: a tensor's element type, or a sequence of the
     element type of its first tensor (a list, as ORT returns a sequence; FLOAT where it is empty)."""
     if isinstance(value, (list, tuple)):
         elem = _NP_TO_ONNX[np.dtype(value[0].dtype)] if value else onnx.TensorProto.FLOAT
         return helper.make_tensor_sequence_value_info(name, elem, None)
-    return helper.make_tensor_value_info(name, _NP_TO_ONNX[np.dtype(value.dtype)], None)
+    return helper.make_tensor_value_info(name, _NP_TO_ONNX[np.dtype(value.dtype)], shape)
 
 
 def _nbytes(value) -> int:
