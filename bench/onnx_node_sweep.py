@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import re
 import subprocess
 import sys
 import tempfile
@@ -89,7 +90,10 @@ def main() -> int:
             results = list(pool.map(one, enumerate(models)))
     tally = collections.Counter(code for _, code, _, _ in results)
     print("exit codes:", ", ".join(f"{c}: {n}" for c, n in sorted(tally.items())))
-    reasons = collections.Counter(" ".join(last.split()[:6]) for _, code, last, _ in results if code == 2)
+    def reason(last: str) -> str:  # the message's opening words, names and paths left out
+        return " ".join(re.sub(r"'[^']*'|/\S+", "…", last.removeprefix("bisector: error: ")).split()[:8])
+
+    reasons = collections.Counter(reason(last) for _, code, last, _ in results if code == 2)
     for reason, n in reasons.most_common():
         print(f"  exit 2 x{n}: {reason} ...")
     bugs = [(name, code, last) for name, code, last, bad in results if bad or code not in (0, 1, 2)]

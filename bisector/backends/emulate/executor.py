@@ -119,8 +119,8 @@ class NodeExecutor:
         # the batch would: a session's first run there decides its pool as the batch's run would (`_run`)
         self.run_scale = 1.0
         self.sessions_built = 0
-        self.build_seconds = 0.0
-        self._shaped: set[tuple] = set()  # parts built with their inputs' shapes declared (`_session`)  # time spent building sessions (a one-time cost per node variant and block)
+        self.build_seconds = 0.0  # time spent building sessions (a one-time cost per node variant and block)
+        self._shaped: set[tuple] = set()  # parts built with their inputs' shapes declared (`_session`)
 
     def _options(self, threads: int | None = None) -> ort.SessionOptions:
         opts = ort_pool.session_options(threads or self._threads or usable_cores())
@@ -880,6 +880,11 @@ def _nbytes(value) -> int:
     return int(np.asarray(value).nbytes)
 
 
+def _dtype(value) -> np.dtype:
+    """A value's dtype; object for a sequence (a list: np.asarray would stack its tensors, or fail on ragged ones)."""
+    return np.dtype(object) if isinstance(value, (list, tuple)) else np.asarray(value).dtype
+
+
 def _type_key(value) -> str:
     if isinstance(value, (list, tuple)):
         return "seq(" + (str(np.asarray(value[0]).dtype) if value else "") + ")"
@@ -955,11 +960,11 @@ class Overlay(Mapping):
 
     def dtype_of(self, key) -> np.dtype | None:
         if key in self._changed:
-            return np.asarray(self._changed[key]).dtype
+            return _dtype(self._changed[key])
         dtype_of = getattr(self._reference, "dtype_of", None)
         if dtype_of is not None:
             return dtype_of(key)
-        return np.asarray(self._reference[key]).dtype if key in self._reference else None
+        return _dtype(self._reference[key]) if key in self._reference else None
 
     def __iter__(self):
         return iter(self._reference)
