@@ -91,7 +91,9 @@ def main() -> int:
     tally = collections.Counter(code for _, code, _, _ in results)
     print("exit codes:", ", ".join(f"{c}: {n}" for c, n in sorted(tally.items())))
     def reason(last: str) -> str:  # the message's opening words, names and paths left out
-        return " ".join(re.sub(r"'[^']*'|/\S+", "…", last.removeprefix("bisector: error: ")).split()[:8])
+        text = re.sub(r"'[^']*'|/\S+", "…", last.removeprefix("bisector: error: "))
+        text = re.sub(r"dtype \S+|is [A-Z][A-Z0-9]+:", lambda m: m.group(0).split()[0] + " …", text)  # types alike
+        return " ".join(text.split()[:8])
 
     reasons = collections.Counter(reason(last) for _, code, last, _ in results if code == 2)
     for reason, n in reasons.most_common():
