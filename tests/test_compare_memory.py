@@ -219,3 +219,58 @@ def test_median_of_a_structured_output_brackets_the_middle(shape):
         got = compare.median(a)
     assert not calls, "fell back to np.median"
     assert np.float32(got).tobytes() == np.float32(real(a)).tobytes()
+
+
+@pytest.mark.parametrize("stat", ["elemwise", "max", "mean", "median", "quantile"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64, np.bool_])
+def test_a_lean_comparison_decides_exactly_what_a_full_one_decides(stat, dtype):
+    """`lean=True` (a search's verdicts) leaves out the summaries only a report shows; everything a search reads —
+    pass, excess, mismatches, required tolerances, the worst element, the differences' max — is the same number,
+    also with NaN, inf and zero goldens, at margins below 1 and with a zero tolerance."""
+    rng = np.random.default_rng(11)
+    for trial in range(6):
+        if dtype is np.bool_:
+            g, a = rng.random((7, 41)) > 0.5, rng.random((7, 41)) > 0.5
+        else:
+            g = (rng.standard_normal((7, 41)) * 3).astype(dtype)
+            a = (g + rng.standard_normal((7, 41)) * 10.0 ** -rng.integers(1, 5)).astype(dtype)
+            if trial % 2:
+                a[1, 3], g[0, 0], g[2, 8] = np.nan, 0, 0
+            if trial == 3:
+                a[4, 40] = np.inf
+        for tol in (_tol(stat), _tol(stat, 0.0, 1e-2, 0.9), _tol(stat, 1e-2, 0.0), _tol(stat, 1e-4, 1e-4, 0.9)):
+            full, lean = compare_output("y", a, g, tol), compare_output("y", a, g, tol, lean=True)
+            assert lean.lean and not full.lean
+            for field in ("passed", "mismatches", "size", "worst_index"):
+                assert getattr(lean, field) == getattr(full, field), (field, stat, trial)
+            for field in ("excess", "required_abs", "required_rel"):
+                np.testing.assert_equal(getattr(lean, field), getattr(full, field), err_msg=f"{field} {stat} {trial}")
+            np.testing.assert_equal(lean.abs["max"], full.abs["max"])
+            np.testing.assert_equal(lean.rel["max"], full.rel["max"])
+            assert "median" not in lean.abs and not lean.actual and lean.golden == full.golden
+            assert compare.OutputComparison.from_json("y", lean.to_json()).lean  # the journal keeps the mark
+
+
+def test_a_search_judges_lean_and_reports_its_final_set_judged_in_full(tmp_path):
+    """Every verdict of the search is lean; the set it reports is judged again in full (`Oracle.confirm`), so the
+    report's comparison has its summaries; a second run replays lean verdicts from the journal and again reports
+    its final set judged in full."""
+    import json
+
+    import bisector
+    from bisector.app.job import open_job
+    from bisector.search.driver import run_search
+
+    from .conftest import FIXTURES
+
+    model = FIXTURES / "planted.onnx"
+    with open_job(model, no_cache=True) as job:
+        oracle = job.oracle()
+        result = run_search(oracle, "auto")
+        assert len(oracle.history) > 3 and all(v.lean for v in oracle.history)
+        assert not result.verdict.lean and all("median" in o.abs and o.actual for o in result.verdict.outputs.values())
+    for d in ("o", "o2"):  # the second run: every verdict from the journal
+        r = bisector.precision(model, output_dir=tmp_path / d, cache=bisector.Cache(cache_dir=tmp_path / "c"))
+        assert not r.verdict.lean
+        final = json.loads((tmp_path / d / "constraints.json").read_text())["outputs"]
+        assert all("median" in o["abs"] and o["actual"] and "lean" not in o for o in final.values()), final

@@ -214,7 +214,7 @@ def test_the_final_set_is_judged_again_when_its_verdict_came_from_the_journal(tm
     assert _run(tmp_path / "a", cache) == 0
     judged = []
     real = Oracle._judge
-    monkeypatch.setattr(Oracle, "_judge", lambda self, plan: judged.append(plan) or real(self, plan))
+    monkeypatch.setattr(Oracle, "_judge", lambda self, plan, **kw: judged.append(plan) or real(self, plan, **kw))
     assert _run(tmp_path / "b", cache) == 0
     c = json.loads((tmp_path / "b" / "constraints.json").read_text())
     assert c["evaluations"]["new"] == 0 and c["evaluations"]["cached"] == c["evaluations"]["total"]

@@ -154,7 +154,7 @@ class CheckOracle(Oracle):
             return max(left, 0.001), True
         return self.check_timeout, False
 
-    def _judge(self, plan: Plan) -> CheckVerdict:
+    def _judge(self, plan: Plan, lean: bool = True) -> CheckVerdict:  # a check's verdict has no comparisons to thin
         self.iterations += 1
         limit, is_budget = self._timeout()
         verdict = self.checker.check(plan, self.iterations, limit)

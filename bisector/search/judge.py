@@ -41,6 +41,11 @@ class Verdict:
         return max((r.excess for r in self.outputs.values()), default=0.0)
 
     @property
+    def lean(self) -> bool:
+        """Judged without the summaries only a report shows (`compare_output(lean=True)`)."""
+        return any(r.lean for r in self.outputs.values())
+
+    @property
     def failing(self) -> list[str]:
         if self.failing_names is not None:
             return list(self.failing_names)
@@ -93,10 +98,12 @@ RunFn = Callable[[Plan, Feeds, list[str]], Mapping[str, np.ndarray]]
 
 
 def judge(backend: Backend, plan: Plan, feeds_list: Sequence[Feeds], golden: Sequence[Feeds], tolerance: Tolerance,
-          *, keep: bool = False, expected: Sequence[Feeds] | None = None, run: RunFn | None = None) -> Verdict | Judged:
+          *, keep: bool = False, expected: Sequence[Feeds] | None = None, run: RunFn | None = None,
+          lean: bool = False) -> Verdict | Judged:
     """Run `plan` on every input set and compare with golden. `expected`: more tensors to compare per set (e.g.
     intermediate tensors of the FP32 reference); they are reported but only graph outputs decide the verdict.
-    `keep`: return a `Judged` with every set's outputs and comparisons (differences kept) instead of the verdict."""
+    `keep`: return a `Judged` with every set's outputs and comparisons (differences kept) instead of the verdict.
+    `lean`: comparisons without the summaries only a report shows (a search's verdicts; not with `keep`)."""
     run = run or backend.run
     worst: dict[str, OutputComparison] | None = None
     worst_i, worst_score, passed = 0, (False, -1.0), True
@@ -107,7 +114,7 @@ def judge(backend: Backend, plan: Plan, feeds_list: Sequence[Feeds], golden: Seq
         t0 = time.perf_counter()
         outs = run(plan, feeds, list(want))
         t1 = time.perf_counter()
-        result = compare_outputs(outs, want, tolerance, keep_diff=keep)
+        result = compare_outputs(outs, want, tolerance, keep_diff=keep, lean=lean and not keep)
         t_cmp += time.perf_counter() - t1
         t_run += t1 - t0
         graph = {k: result[k] for k in gold}

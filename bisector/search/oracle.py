@@ -133,11 +133,12 @@ class Oracle:
         fp32 = frozenset(fp32)
         known = self.evaluate(fp32, count=False)
         from_journal = known.source == "journal" and self.confirm_final
-        # a slimmed verdict (Verdict.slim) lost comparisons the report shows: judged again as well
-        if not (from_journal or known.slimmed):
+        # a slimmed verdict (Verdict.slim) lost comparisons the report shows, a lean one their summaries: judged
+        # again as well
+        if not (from_journal or known.slimmed or known.lean):
             return known
         plan = Plan(fp32, self.candidates)
-        fresh = self._judge(plan)  # the final set's verdict is reported: all of it, never screened
+        fresh = self._judge(plan, lean=False)  # the final set's verdict is reported: all of it, never screened
         if fresh.passed != known.passed:
             logging.getLogger("bisector").warning(
                 "the %s verdict for the final set (%s) differs from judging it now (%s): the backend is not "
@@ -175,8 +176,10 @@ class Oracle:
         self.history[:] = [full if v is known else v for v in self.history]  # in place: callers may hold it
         return full
 
-    def _judge(self, plan: Plan) -> Verdict:
-        return judge(self.backend, plan, self.feeds_list, self.golden, self.tolerance)
+    def _judge(self, plan: Plan, lean: bool = True) -> Verdict:
+        # The search reads a verdict's pass, excess and failing outputs: lean comparisons (no summaries); the set a
+        # search reports is judged again in full (`confirm`)
+        return judge(self.backend, plan, self.feeds_list, self.golden, self.tolerance, lean=lean)
 
     def _judge_new(self, plan: Plan) -> Verdict:
         """A new plan's verdict: screened on one batch item first where the oracle screens, else `_judge`."""

@@ -72,7 +72,7 @@ class Screen:
         spent: dict[str, float] = {}
         if part is not None:
             with part_of_the_batch(self.backend, self._scale(part)):
-                item = judge(self.backend, plan, [part[0]], [part[1]], self.tolerance)
+                item = judge(self.backend, plan, [part[0]], [part[1]], self.tolerance, lean=True)
             spent = item.seconds
             if not item.passed:
                 s, i = self.target
@@ -105,7 +105,7 @@ class Screen:
         the earlier set)."""
         rest = [k for k in range(len(self.feeds_list)) if k != s]
         other = judge(self.backend, plan, [self.feeds_list[k] for k in rest], [self.golden[k] for k in rest],
-                      self.tolerance)
+                      self.tolerance, lean=True)
         other.worst_set = rest[other.worst_set]
         if not other.passed:
             self._count(hit=False)
