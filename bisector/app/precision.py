@@ -291,7 +291,7 @@ class JobSpec:
         candidates = job.catalog.candidates
 
         def evaluate(fp32: frozenset) -> dict:
-            return job.judge(Plan(frozenset(fp32), candidates)).to_json()
+            return job.judge(Plan(frozenset(fp32), candidates), lean=True).to_json()  # a search verdict: lean
 
         return evaluate, job.close
 
@@ -332,7 +332,7 @@ def open_job_spec(executor: Executor, model: Path, groups: dict, job: Job) -> No
         from bisector.fp16.plan import Plan
 
         candidates = job.catalog.candidates
-        executor.open(spec, local=lambda fp32: job.judge(Plan(frozenset(fp32), candidates)).to_json())
+        executor.open(spec, local=lambda fp32: job.judge(Plan(frozenset(fp32), candidates), lean=True).to_json())
     else:
         executor.open(spec)
     log.info("judging plans on %d %s worker(s)", executor.workers, executor.kind)
