@@ -231,6 +231,10 @@ def test_tiny_time_limit_still_writes_the_best_set_and_skips_the_plot(tmp_path, 
     assert c["passed"] and not c["minimal"] and "time-limit" in c["stop_reason"]
     assert (out / "model.mixed.onnx").exists() and (out / "report.md").exists()
     assert not (out / "profile.png").exists() and "--time-limit spent" in err
+    # the set's own search verdict is reported (lean: no medians), and the report says so instead of printing nan
+    report = (out / "report.md").read_text()
+    lean = any(o.get("lean") for o in c["outputs"].values())
+    assert lean == ("were not computed" in report) and "| nan |" not in report
 
 
 # ---- 5. hostile names ---------------------------------------------------------------------------------------------

@@ -71,12 +71,19 @@ def render_report(catalog: Catalog, c: Constraints, strings: dict, extra: str = 
         lines.append("None: the whole model meets the tolerance in FP16.")
     lines += ["", f"## Final comparison (worst of {c.inputs.get('sets', 1)} input set(s): set {c.worst_input_set})", "",
               "| output | passed | stat | required abs | required rel | max abs | median abs |", "|---|---|---|---|---|---|---|"]
+    lean = False
     for out, r in c.outputs.items():
         req = r.get("required_tolerance", {})
+        median = r.get("abs", {}).get("median")
+        lean = lean or bool(r.get("lean"))
         lines.append(
             f"| {code(out)} | {'yes' if r.get('passed') else 'NO'} | {text(r.get('stat'))} | {req.get('abs', float('nan')):.4g} | "
-            f"{req.get('rel', float('nan')):.4g} | {r.get('abs', {}).get('max', float('nan')):.4g} | {r.get('abs', {}).get('median', float('nan')):.4g} |"
+            f"{req.get('rel', float('nan')):.4g} | {r.get('abs', {}).get('max', float('nan')):.4g} | "
+            f"{'not computed' if median is None else format(median, '.4g')} |"
         )
+    if lean:  # the search's own (lean) verdict: judging the set again in full was skipped, the time limit spent
+        lines += ["", "The summaries of this comparison (medians, the output's statistics) were not computed: the "
+                      "`--time-limit` was spent before the reported set could be judged again in full."]
     lines += [
         "",
         "## Using the result",
