@@ -625,7 +625,7 @@ class NodeExecutor:
 
     def _shaped_key(self, ident: tuple, key: tuple, feed: Mapping[str, Any]) -> tuple[tuple, dict | None]:
         """`key` with the feed's shapes, and the shapes to declare, for a part that builds only with them."""
-        if ident not in self._shaped:
+        if not self._shaped or ident not in self._shaped:  # (the common case first: nothing needed shapes)
             return key, None
         shapes = {t: tuple(np.shape(v)) for t, v in feed.items() if isinstance(v, np.ndarray)}
         return key + (tuple(shapes.items()),), shapes
