@@ -216,3 +216,33 @@ def test_a_small_models_cached_sessions_are_bounded_by_its_own_size():
     e = backend.executor
     assert e.weight_bytes > ex.MAX_SESSIONS * ex.SESSION_BYTES
     assert e.max_sessions >= ex.MAX_SESSIONS and e.copies_budget >= min(ex.COPIES_BUDGET_MIN, e.weight_bytes)
+
+
+def test_the_search_runs_without_pydantic_loaded(tmp_path):
+    """pydantic (~6 MB resident) is needed only to write the artifacts, after the search has given its memory
+    back; loaded while parsing the command line (typer 0.29 coerces every parameter through it), it counted in
+    every search's peak. A subprocess: the test process has pydantic loaded already."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "planted.onnx"
+    script = (
+        "import sys\n"
+        "from bisector.backends.emulate.backend import EmulateBackend\n"
+        "seen = []\n"
+        "close = EmulateBackend.close\n"
+        "def closing(self):\n"
+        "    seen.append('pydantic' in sys.modules)\n"
+        "    return close(self)\n"
+        "EmulateBackend.close = closing\n"
+        "from bisector.cli.main import main\n"
+        f"rc = main(['precision', {str(fixture)!r}, '--fp16', '-o', {str(tmp_path / 'out')!r}, '--no-cache'])\n"
+        "print('RC', rc, 'SEEN', seen, 'AFTER', 'pydantic' in sys.modules)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("RC"))
+    assert line.startswith("RC 0 "), r.stdout + r.stderr
+    # every backend the search opened closed without pydantic; the artifacts loaded it afterwards
+    assert "SEEN [False" in line and "True," not in line.split("AFTER")[0], line
+    assert line.endswith("AFTER True"), line

@@ -160,18 +160,20 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
         timings = {"setup": t_setup, "profile": t_profile, "search": result.seconds,
                    "backend_run": sum(v.seconds.get("run", 0.0) for v in oracle.history),
                    "compare": sum(v.seconds.get("compare", 0.0) for v in oracle.history), "plot": t_plot}
-        constraints = _constraints(job, Path(model), result, s.strategy, timings, s.strategy_option)
-        constraints.confirmed_on = confirmed_on
-        constraints.objective = s.objective
-        constraints.fp32_cost = {"set": sum(costs.get(n, 1.0) for n in result.fp32),
-                                 "all_candidates": sum(costs.get(n, 1.0) for n in cat.candidates)}
+        described = (job.backend.describe(), unjudged_branches(cat, job.backend))
         paths = None
         # The search's sessions, weight copies and FP32 reference are not needed for the artifacts: free them
-        # before the mixed model is built (48-layer model, 1.27 GB of weights: peak 7.1 -> see docs/benchmarks.md).
+        # before the mixed model is built (48-layer model, 1.27 GB of weights: peak 7.1 -> see docs/benchmarks.md),
+        # and before the constraints are (pydantic loads then: ~7 MB that would sit on top of the search's memory).
         # The FP16-rounded weights it still holds are handed to the mixed model's writer first (converted to FP16
         # exactly instead of by the rule again); they are within the search's own budget for them.
         rounded = getattr(job.backend, "rounded_weights", dict)() if output_dir is not None and mixed else {}
         job.backend.close()
+        constraints = _constraints(job, Path(model), result, s.strategy, timings, s.strategy_option, described)
+        constraints.confirmed_on = confirmed_on
+        constraints.objective = s.objective
+        constraints.fp32_cost = {"set": sum(costs.get(n, 1.0) for n in result.fp32),
+                                 "all_candidates": sum(costs.get(n, 1.0) for n in cat.candidates)}
         if output_dir is not None:
             from bisector.artifacts.write import write_artifacts
 
@@ -339,19 +341,22 @@ def open_job_spec(executor: Executor, model: Path, groups: dict, job: Job) -> No
 
 
 def _constraints(job: Job, model: Path, result: SearchResult, strategy: str, timings: dict,
-                 strategy_options: dict | None = None) -> Constraints:
+                 strategy_options: dict | None = None, described: tuple[dict, dict] | None = None) -> Constraints:
+    """`described`: the backend's (describe(), unjudged branches), taken before it was closed."""
     cat = job.catalog
-    # pydantic, imported once the search is over: ~10 MB less at its peak
+    # pydantic, imported once the search is over (and its backend closed): ~7-10 MB less at its peak
     from bisector.artifacts.constraints import Constraints, Evaluations, Golden
 
+    backend_info, unjudged = described or (job.backend.describe(), unjudged_branches(cat, job.backend))
+
     return Constraints(
-        tool_version=__version__, model=str(model), model_sha256=cat.sha256, backend=job.backend.describe(),
+        tool_version=__version__, model=str(model), model_sha256=cat.sha256, backend=backend_info,
         tolerances=job.tolerance.describe(), inputs=job.inputs_info, fp32_nodes=sorted(result.fp32),
         passed=result.passed, minimal=result.minimal, stop_reason=result.stop_reason,
         evaluations=Evaluations(**result.evaluations),
         golden=Golden(source=job.golden.source, reference_runs=job.golden.reference_runs, runner=job.golden.runner),
         strategy=strategy, strategy_options=dict(strategy_options or {}), candidates=len(cat.candidates),
-        pinned=cat.pinned, unjudged_branches=unjudged_branches(cat, job.backend), timings=timings,
+        pinned=cat.pinned, unjudged_branches=unjudged, timings=timings,
         fp16_unreachable={k: v.to_json() for k, v in result.unreachable.items()},
         outputs={k: v.to_json() for k, v in result.verdict.outputs.items()},
         worst_input_set=result.verdict.worst_set, headroom=_headroom(result.verdict), machine=machine_description(),
