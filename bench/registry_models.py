@@ -125,6 +125,22 @@ MODELS = {m.name: m for m in (
                   "b8f2ad9cbc1f2e3922a6cb9459e30824e7e2467f3fb4fd61420640e34ea0bf68",
                   {"input1": (1, 1, 64, 256)},
                   "ddddocr's older captcha recogniser (292 nodes, 14 MB)"),
+    # twenty-fifth round: audio models no round tuned on (music transcription; speech-quality estimators)
+    RegistryModel("basic-pitch", "basic-pitch==0.4.0", "basic_pitch/saved_models/icassp_2022/nmp.onnx",
+                  "2c3c1d144bfa61ad236e92e169c13535c880469a12a047d4e73451f2c059a0ec",
+                  {"serving_default_input_2:0": (1, 43844, 1)},
+                  "Spotify's Basic Pitch note transcriber (a CQT front end as 1-D convolutions, then a 2-D CNN; "
+                  "248 nodes, 0.2 MB; three sigmoid maps of 172 frames out, 75 680 numbers)"),
+    RegistryModel("dnsmos", "speechmos==0.0.1.1", "speechmos/dnsmos_models/sig_bak_ovr.onnx",
+                  "269fbebdb513aa23cddfbb593542ecc540284a91849ac50516870e1ac78f6edd",
+                  {"input_1": (1, 144160)},
+                  "Microsoft's DNSMOS P.835 speech-quality estimator on 9 s of raw audio (an STFT front end, a "
+                  "CNN; 48 nodes, 1.2 MB; 3 numbers out)"),
+    RegistryModel("plcmos", "speechmos==0.0.1.1", "speechmos/plcmos_models/plcmos_v2.onnx",
+                  "c0ad3fc64ef9682b4749c0e96636b41c73b4b30bd123b9348feea06a96895286",
+                  {"degraded_audio": (1, 1, 200, 257), "rater_embed": (1, 64)},
+                  "Microsoft's PLCMOS v2 packet-loss-concealment quality estimator (a CNN and a GRU over 200 "
+                  "spectrogram frames; 78 nodes, 1.3 MB; 1 number out)"),
 )}
 
 
