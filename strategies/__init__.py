@@ -18,7 +18,8 @@ A strategy is a class constructible with no arguments (options are keyword argum
   tolerance, ``--strategy bisect``, ``--max-evals``). ``auto`` sends it after its first evaluations (when the
   first culprit is isolated) and again when it switches to its diffuse search and when that knows its size;
   on switching it adds ``"ranking_runs"`` (int) where it will ask ``predicted_ranking`` (whose hint says
-  ``can_rank``): the emulator runs that ranking costs first, which are not evaluations;
+  ``can_rank``, and may say ``runs``, how many it takes): the emulator runs that ranking costs first, which are
+  not evaluations;
 - ``batch``: Callable[[list[frozenset[str]]], list[bool]], evaluates independent sets at once;
 - ``workers``: int, how many sets one ``batch`` call may usefully hold (sets that run concurrently). Strategies
   send no more per call and may propose that many independent sets per round; without ``batch`` it is ignored;

@@ -500,7 +500,8 @@ class Auto(GroupTesting):
             scores = None
         offered = scores is None and self.use_prediction and callable(hints.get("predicted_ranking"))
         # the ranking's single-node runs are no evaluations, but on a large model they take minutes: said up front
-        runs = n if offered and getattr(hints.get("predicted_ranking"), "can_rank", False) else 0
+        hint = hints.get("predicted_ranking")
+        runs = (getattr(hint, "runs", None) or n) if offered and getattr(hint, "can_rank", False) else 0
         self._estimate(ask, n, len(found), diffuse=True, size=max(len(found), 1),
                        evaluations=len(ask.memo) + (1 if offered else self._probe_count(n, scores))  # 1: calibration
                        + 2 * int(math.log2(n) + 1) + 2 * len(found), at_least=True, ranking_runs=runs)

@@ -115,7 +115,7 @@ def test_a_second_ranking_with_the_memo_runs_nothing_and_ranks_as_a_fresh_one():
         memo: dict = {}
         first = predicted_ranking(oracle, [], 2.0, min_elements=0, memo=memo)
         n = len(runs)
-        assert n >= len(cands) and "z" in memo
+        assert n >= len(cands) - 1 and "z" in memo  # a run per candidate but one twin (the head's Reshape, Transpose)
         again = predicted_ranking(oracle, cands[:2], 1.5, min_elements=0, memo=memo)
         assert len(runs) == n  # nothing ran
         fresh = predicted_ranking(oracle, cands[:2], 1.5, min_elements=0)

@@ -75,3 +75,40 @@ def rounding_points(catalog: Catalog, plan: Plan | Iterable[str]) -> RoundingPoi
     fp16 = plan.fp16 if isinstance(plan, Plan) else frozenset(plan)
     return RoundingPoints(catalog, fp16)
 
+
+
+def single_node_twins(catalog: Catalog, candidates: Iterable[str]) -> dict[str, str]:
+    """{candidate: an earlier candidate} where keeping only the first FP16 changes exactly the values that keeping
+    only the second FP16 does (the predicted ranking runs one of them: bisector.search.vector_ranking).
+
+    Node `j` reads one float activation `u` and no float weight, and only moves elements
+    (`rules.commutes_with_rounding`); `u` is the one float output of candidate `i`, read by `j` alone and not a
+    graph output; `i` is such a node too. Then `j` alone in FP16 reads round(u) = round(f(t)), and `i` alone in
+    FP16 writes u = f(round(t)): the same elements, so every value downstream is the same. A chain of such nodes
+    maps to its first member."""
+    cands = list(candidates)
+    members = set(cands)
+    outputs = set(catalog.output_names)
+
+    def one_float_read(name: str) -> str | None:
+        node = catalog.nodes[name]
+        if not rules.commutes_with_rounding(node.op_type, node.domain):
+            return None
+        reads = [(t, i) for t, i in catalog.reads(name)
+                 if catalog.is_float(t) and not (i is not None and catalog.is_parameter(name, i))]
+        if len(reads) != 1 or reads[0][0] in catalog.weights or reads[0][1] is None:
+            return None
+        return reads[0][0]
+
+    twin: dict[str, str] = {}
+    for j in cands:
+        u = one_float_read(j)
+        i = catalog.producers.get(u) if u is not None else None
+        if i is None or i not in members or u in outputs or one_float_read(i) is None:
+            continue
+        if [o for o in catalog.nodes[i].output if o and catalog.is_float(o)] != [u]:
+            continue
+        if len(catalog.consumers.get(u, [])) != 1:
+            continue
+        twin[j] = twin.get(i, i)  # candidates are in topological order: i's own twin is known already
+    return twin

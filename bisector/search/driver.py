@@ -273,6 +273,7 @@ class RankingOf:
         self._hint, self._members, self._kept, self._memo = hint, list(members), sorted(kept), memo
         self.can_rank = getattr(hint, "can_rank", False)
         self.exact_backend = getattr(hint, "exact_backend", False)
+        self.runs = getattr(hint, "runs", None)
         self.stats = getattr(hint, "stats", None)
 
     def __call__(self, first: Sequence[str] = (), excess: Any = None) -> list[str] | None:

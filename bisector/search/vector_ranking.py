@@ -40,6 +40,7 @@ from bisector.compare import golden_magnitude
 from bisector.search.screen import part_of_the_batch
 from bisector.budget import BudgetExhausted
 from bisector.fp16.plan import Plan
+from bisector.fp16.points import single_node_twins
 
 
 log = logging.getLogger("bisector")
@@ -214,6 +215,11 @@ class RankingHint:
         backend = getattr(oracle, "backend", None)
         self.can_rank = rankable(oracle)  # said beforehand (nothing run): the estimate counts its runs
         self.exact_backend = _is_emulator(backend) and self.can_rank
+        # single-node runs per input set the ranking will take (twins run once): what the estimate says up front
+        catalog = getattr(backend, "catalog", None)
+        cands = list(getattr(oracle, "candidates", ()))
+        self.runs = (len(cands) - len(single_node_twins(catalog, cands))
+                     if self.can_rank and catalog is not None else len(cands))
         self._progress, self._every, self._clock = progress, every, clock
 
     def __call__(self, first: Sequence[str] = (), excess: Any = None, memo: dict | None = None) -> "Ranking | None":
@@ -342,11 +348,22 @@ def _rank(oracle: Any, backend: Any, cands: list[str], first: Sequence[str], exc
     one_off = getattr(backend, "one_off_plans", None)  # the single-node plans are not asked again: not kept
     # runs on a sample of the batch: sessions they build decide their thread pool as the batch's run would
     scale = max([_lead(o) / _lead(f) for f, o in zip(feeds_list, oracle.feeds_list) if f is not o] or [1.0])
+    # A candidate whose plan changes exactly the values another's does (a chain of Reshape/Transpose/...: one
+    # run stands for the chain; `points.single_node_twins`) takes that one's vector: 242 -> 168 runs on a note
+    # transcriber's CQT front end, 303 -> 279 on a 6-layer transformer
+    catalog = getattr(backend, "catalog", None)
+    twin = single_node_twins(catalog, cands) if catalog is not None else {}
+    index = {x: i for i, x in enumerate(cands)}
+    rep = [index[twin.get(x, x)] for x in cands]
     with one_off() if callable(one_off) else contextlib.nullcontext(), part_of_the_batch(backend, scale):
         if size <= k:
-            z = np.stack(list(in_order(vector, n, threads, _Counter(on_run, n))))
+            unique = sorted(set(rep))
+            rows = dict(zip(unique, in_order(lambda m: vector(unique[m]), len(unique), threads,
+                                             _Counter(on_run, len(unique)))))
+            z = np.stack([rows[r] for r in rep])
+            del rows
         else:
-            z = _at_risk(vector, n, size, k, threads, on_run)
+            z = _at_risk(vector, rep, size, k, threads, on_run)
     if memo is not None:
         memo["z"] = z.copy()  # `_finish` squares z in place for the model
     return _finish(cands, z, first, excess, tol, stats, runs, t0)
@@ -483,10 +500,13 @@ def _threshold(g: np.ndarray, atol: float, rtol: float, margin: float) -> np.nda
     return out
 
 
-def _accumulate_squares(ss: np.ndarray, v: np.ndarray) -> None:
-    """ss += v² in float64 (what v.astype(float64) ** 2 adds), chunk by chunk: no float64 copy of v."""
+def _accumulate_squares(ss: np.ndarray, v: np.ndarray, times: int = 1) -> None:
+    """ss += times · v² in float64 (what v.astype(float64) ** 2 adds), chunk by chunk: no float64 copy of v."""
     for lo in range(0, v.size, _STEP):
-        ss[lo:lo + _STEP] += np.square(v[lo:lo + _STEP], dtype=np.float64)
+        sq = np.square(v[lo:lo + _STEP], dtype=np.float64)
+        if times != 1:
+            sq *= times
+        ss[lo:lo + _STEP] += sq
 
 
 class _Counter:
@@ -503,49 +523,65 @@ class _Counter:
             self.on_run(self.done, self.total)
 
 
-def _at_risk(vector, n: int, size: int, k: int, threads: int | None = None,
+def _at_risk(vector, rep: list[int], size: int, k: int, threads: int | None = None,
              on_run: Callable[[int, int], None] | None = None) -> np.ndarray:
     """The n vectors at the k elements with the largest Σ_i z_i², in one pass over the candidates: the vectors wait
     in an unlinked temporary file (TMPDIR; the page cache, not the process's memory: 303 vectors of 75k numbers
     held in memory took a 6 x 384 transformer's search from 241 to 561 MB), and are read back at those elements.
-    Where no temporary file can be written, the vectors are computed twice (first the sums, then the elements)."""
+    Where no temporary file can be written, the vectors are computed twice (first the sums, then the elements).
+    ``rep[i]``: the candidate whose vector is candidate i's (i itself, or an earlier twin): only those run."""
     import shutil
     import tempfile
 
+    n = len(rep)
+    unique = sorted(set(rep))
+    times = {u: 0 for u in unique}
+    for r in rep:
+        times[r] += 1
+    members: dict[int, list[int]] = {u: [] for u in unique}
+    for i, r in enumerate(rep):
+        members[r].append(i)
+
+    def vectors(count: "_Counter"):
+        return in_order(lambda m: vector(unique[m]), len(unique), threads, count)
+
     try:
-        # The file holds all n vectors (n x size x 4 bytes: 6.8 GB for a recogniser at batch 8). Where that is
-        # more than half the free space of TMPDIR (on a tmpfs: memory), compute the vectors twice instead.
-        if n * size * 4 > shutil.disk_usage(tempfile.gettempdir()).free // 2:
+        # The file holds the vectors that run (up to n x size x 4 bytes: 6.8 GB for a recogniser at batch 8). Where
+        # that is more than half the free space of TMPDIR (on a tmpfs: memory), compute the vectors twice instead.
+        if len(unique) * size * 4 > shutil.disk_usage(tempfile.gettempdir()).free // 2:
             raise OSError("the vectors would fill the temporary directory")
         ss = np.zeros(size, np.float64)
         # written and read back with plain file calls, not mapped: the pages of a mapped file count in the
         # process's resident memory (a memmap here cost the 6 x 384 search ~80 MB of RSS)
         with tempfile.TemporaryFile(prefix="bisector-vectors-") as f:
             v = None
-            for v in in_order(vector, n, threads, _Counter(on_run, n)):
+            for u, v in zip(unique, vectors(_Counter(on_run, len(unique)))):
                 v = np.ascontiguousarray(v, np.float32)
                 f.write(memoryview(v).cast("B"))
-                _accumulate_squares(ss, v)
+                _accumulate_squares(ss, v, times[u])
             del v
             keep = np.argsort(np.negative(ss, out=ss))[:k]  # = argsort(-ss), without a copy of ss
             del ss
             z = np.empty((n, k), np.float32)
             row = np.empty(size, np.float32)
             f.seek(0)
-            for i in range(n):
+            for u in unique:
                 if f.readinto(memoryview(row).cast("B")) != row.nbytes:
                     raise OSError("short read of the vectors' temporary file")
-                z[i] = row[keep]
+                z[members[u]] = row[keep]
             return z
     except OSError:
         ss = None  # a first pass cut short: its sums go before the two-pass sums are allocated
     ss = np.zeros(size, np.float64)
-    count = _Counter(on_run, 2 * n)  # both passes
-    for v in in_order(vector, n, threads, count):
-        _accumulate_squares(ss, v)
+    count = _Counter(on_run, 2 * len(unique))  # both passes
+    for u, v in zip(unique, vectors(count)):
+        _accumulate_squares(ss, v, times[u])
     keep = np.argsort(np.negative(ss, out=ss))[:k]
     del ss
-    return np.stack([v[keep] for v in in_order(vector, n, threads, count)])
+    z = np.empty((n, k), np.float32)
+    for u, v in zip(unique, vectors(count)):
+        z[members[u]] = v[keep]
+    return z
 
 
 def in_order(vector, n: int, threads: int | None = None, done: Callable[[], None] | None = None) -> Iterator[np.ndarray]:
