@@ -926,5 +926,7 @@ def test_twin_nodes_change_the_same_values_and_the_ranking_runs_one_of_them(tmp_
             assert list(rank) == list(again)
             assert np.array_equal(rank.model.q, again.model.q)
             assert with_twins["runs"] == every["runs"] - 5 == len(cands) - 5
+        # what `auto`'s estimate says before the runs (the hint's `runs`)
+        assert vector_ranking.RankingHint(oracle).runs == len(cands) - 5
     finally:
         job.close()

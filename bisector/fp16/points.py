@@ -76,7 +76,6 @@ def rounding_points(catalog: Catalog, plan: Plan | Iterable[str]) -> RoundingPoi
     return RoundingPoints(catalog, fp16)
 
 
-
 def single_node_twins(catalog: Catalog, candidates: Iterable[str]) -> dict[str, str]:
     """{candidate: an earlier candidate} where keeping only the first FP16 changes exactly the values that keeping
     only the second FP16 does (the predicted ranking runs one of them: bisector.search.vector_ranking).

@@ -161,6 +161,7 @@ def register_op_rule(op_types: Iterable[str], rule: OpRule) -> None:
     for op in op_types:
         _OP_RULES[op] = rule
 
+
 # Ops whose float output holds copies of its one float data input's elements, nothing computed (moved, selected,
 # repeated): rounding that input first or the output after gives the same bits. Narrower than `exact_outputs`
 # (Relu, Max, Floor, ... are exact on FP16 inputs but do not commute with rounding bit for bit: a signed zero,
@@ -173,6 +174,7 @@ ROUNDING_COMMUTES = frozenset(
 def commutes_with_rounding(op_type: str, domain: str = "") -> bool:
     """Whether rounding an FP16 node's float input before `op_type` equals rounding its output after."""
     return op_type in ROUNDING_COMMUTES and domain in ("", "ai.onnx")
+
 
 # ---- BF16 storage (`run --trt --bf16`): the same rules with bfloat16's range and precision --------------------------
 BF16_MAX = float.fromhex("0x1.fep127")  # 3.3895e38

@@ -26,6 +26,7 @@ otherwise: the caller ranks another way).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -215,12 +216,15 @@ class RankingHint:
         backend = getattr(oracle, "backend", None)
         self.can_rank = rankable(oracle)  # said beforehand (nothing run): the estimate counts its runs
         self.exact_backend = _is_emulator(backend) and self.can_rank
-        # single-node runs per input set the ranking will take (twins run once): what the estimate says up front
-        catalog = getattr(backend, "catalog", None)
-        cands = list(getattr(oracle, "candidates", ()))
-        self.runs = (len(cands) - len(single_node_twins(catalog, cands))
-                     if self.can_rank and catalog is not None else len(cands))
         self._progress, self._every, self._clock = progress, every, clock
+
+    @functools.cached_property
+    def runs(self) -> int:
+        """The single-node runs per input set the ranking takes (twins run once): what the estimate says up front,
+        counted when first asked (a search that never turns diffuse never asks)."""
+        catalog = getattr(getattr(self._oracle, "backend", None), "catalog", None)
+        cands = list(getattr(self._oracle, "candidates", ()))
+        return len(cands) - len(single_node_twins(catalog, cands)) if catalog is not None else len(cands)
 
     def __call__(self, first: Sequence[str] = (), excess: Any = None, memo: dict | None = None) -> "Ranking | None":
         """`memo`: see `predicted_ranking` (a caller that will ask again keeps the vectors in it)."""
