@@ -165,10 +165,11 @@ def register_op_rule(op_types: Iterable[str], rule: OpRule) -> None:
 # Ops whose float output holds copies of its one float data input's elements, nothing computed (moved, selected,
 # repeated): rounding that input first or the output after gives the same bits. Narrower than `exact_outputs`
 # (Relu, Max, Floor, ... are exact on FP16 inputs but do not commute with rounding bit for bit: a signed zero,
-# an integer beyond FP16's spacing). `points.single_node_twins` relies on it.
+# an integer beyond FP16's spacing; Dropout copies only outside training mode). `points.single_node_twins`
+# relies on it.
 ROUNDING_COMMUTES = frozenset(
     "Identity Reshape Transpose Flatten Squeeze Unsqueeze Slice Gather GatherElements GatherND Tile Expand "
-    "DepthToSpace SpaceToDepth Dropout".split())
+    "DepthToSpace SpaceToDepth".split())
 
 
 def commutes_with_rounding(op_type: str, domain: str = "") -> bool:
