@@ -84,3 +84,52 @@ def test_weight_rule_checks_in_slices_at_every_boundary(order, cast_path, monkey
             assert np.array_equal(rules.weight_rule(a).view(np.uint16), want.view(np.uint16)), (at, edge)
             assert np.array_equal(rules.round_weight(a).view(np.uint32),
                                   want.astype(np.float32).view(np.uint32)), (at, edge)
+
+
+def _one_node(op: str, attrs: dict, extra: list, shape: tuple):
+    """A one-node ONNX model `y = op(x, *extra)` (extra: int64 initializers), and its ORT session."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    inits = [numpy_helper.from_array(np.asarray(v, np.int64), f"p{i}") for i, v in enumerate(extra)]
+    node = helper.make_node(op, ["x"] + [f"p{i}" for i in range(len(extra))], ["y"], **attrs)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+                              [onnx.ValueInfoProto(name="y")], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("op,attrs,extra,shape", [
+    ("Identity", {}, [], (2, 3, 4)),
+    ("Reshape", {}, [[6, 4]], (2, 3, 4)),
+    ("Transpose", {"perm": [2, 0, 1]}, [], (2, 3, 4)),
+    ("Flatten", {"axis": 2}, [], (2, 3, 4)),
+    ("Squeeze", {}, [[0]], (1, 3, 8)),
+    ("Unsqueeze", {}, [[0, 3]], (2, 3, 4)),
+    ("Slice", {}, [[0, 1], [2, 3], [1, 2]], (2, 3, 4)),
+    ("Gather", {"axis": 1}, [[2, 0, 2]], (2, 3, 4)),
+    ("GatherElements", {"axis": 2}, [np.zeros((2, 3, 4), np.int64) + [[[3, 1, 0, 2]]]], (2, 3, 4)),
+    ("GatherND", {}, [[[0, 1], [1, 2]]], (2, 3, 4)),
+    ("Tile", {}, [[1, 2, 1]], (2, 3, 4)),
+    ("Expand", {}, [[3, 2, 3, 4]], (2, 3, 4)),
+    ("DepthToSpace", {"blocksize": 2}, [], (1, 8, 1, 3)),
+    ("SpaceToDepth", {"blocksize": 2}, [], (1, 2, 2, 4)),
+])
+def test_ops_that_commute_with_rounding_give_the_same_bits_rounded_before_or_after(op, attrs, extra, shape):
+    """`rules.ROUNDING_COMMUTES` (what `points.single_node_twins` rests on): for each op, rounding its input to
+    FP16 first or its output after gives the same bits, at every edge of FP16 (overflow, subnormals, signed zero,
+    NaN, ties). Every op of the set is here."""
+    size = int(np.prod(shape))
+    values = np.resize(np.array(EDGES + list(RNG.standard_normal(size) * 3e4), np.float32), size).reshape(shape)
+    sess = _one_node(op, attrs, extra, shape)
+    with np.errstate(over="ignore", invalid="ignore"):
+        rnd = lambda a: np.asarray(a, np.float32).astype(np.float16).astype(np.float32)  # noqa: E731
+        before = sess.run(None, {"x": rnd(values)})[0]
+        after = rnd(sess.run(None, {"x": values})[0])
+    assert before.shape == after.shape and before.size
+    assert np.array_equal(before.view(np.uint32), after.view(np.uint32))
+    tested = {"Identity", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Gather",
+              "GatherElements", "GatherND", "Tile", "Expand", "DepthToSpace", "SpaceToDepth"}
+    assert rules.ROUNDING_COMMUTES == tested and rules.commutes_with_rounding(op)
+    assert not rules.commutes_with_rounding(op, "com.microsoft") and not rules.commutes_with_rounding("Relu")
