@@ -39,6 +39,10 @@ class Asker:
         excess = hints.get("excess")
         # the ``excess`` hint: error / tolerance of a set already asked (how far it passed or failed), or None
         self._excess = excess if callable(excess) else None
+        canonical = hints.get("canonical")
+        # the ``canonical`` hint: the set the oracle judges for a set asked (the same values; the driver's, where
+        # chains of element-moving nodes make sets equivalent): the memo is kept by it, so it counts what is judged
+        self._canonical = canonical if callable(canonical) else None
 
     # ------------------------------------------------------------------ asking
     def _record(self, s: frozenset[str], ok: bool, key=None) -> None:
@@ -47,8 +51,13 @@ class Asker:
             self.best = s
         self.report(len(s))
 
-    def __call__(self, s: Iterable[str]) -> bool:
+    def canon(self, s: Iterable[str]) -> frozenset[str]:
+        """`s` as the oracle judges it (the ``canonical`` hint), else as it is."""
         s = frozenset(s)
+        return frozenset(self._canonical(s)) if self._canonical is not None else s
+
+    def __call__(self, s: Iterable[str]) -> bool:
+        s = self.canon(s)
         key = self.memo.key(s)
         known = self.memo.get_key(key)
         if known is not None:
@@ -79,7 +88,7 @@ class Asker:
 
     def many(self, sets: Sequence[Iterable[str]]) -> list[bool]:
         """Answers for several independent sets; uses the ``batch`` hint when the driver offers one."""
-        fsets = [frozenset(s) for s in sets]
+        fsets = [self.canon(s) for s in sets]
         todo: list[frozenset[str]] = []
         seen: set[frozenset[str]] = set()
         for s in fsets:
@@ -106,7 +115,7 @@ class Asker:
         return [self.memo[s] for s in fsets]
 
     def known(self, s: Iterable[str]) -> bool | None:
-        return self.memo.get(frozenset(s))
+        return self.memo.get(self.canon(s))
 
     @property
     def has_excess(self) -> bool:

@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from strategy_oracles import additive, additive_case, is_one_minimal, monotone, names, random_culprits  # noqa: E402
+from movement_models import movement_chain_model  # noqa: E402
 
 from bisector.search.vector_ranking import _greedy, predicted_ranking  # noqa: E402
 from bisector.strategies import CountingOracle  # noqa: E402
@@ -849,46 +850,6 @@ def test_a_prefix_that_leaves_almost_nothing_fp16_goes_straight_to_the_check():
     assert runs[0.05] <= len(need) + 50 and runs[0.05] < 0.7 * runs[0.0], runs  # 186 against 316
 
 
-def _movement_chain_model(path):
-    """x -> MatMul a -> Reshape r -> Transpose t -> Unsqueeze u -> Squeeze s -> Reshape s_flat -> MatMul m -> y;
-    beside it a Reshape read twice (r2 -> Transpose t2 and Sigmoid; t2 -> Reshape t2b), an Identity whose output
-    is a graph output (q -> Reshape q2), a Gather of a weight (g) and a Concat: the twins are t, u, s, s_flat (of
-    r) and t2b (of t2); r2's readers, q2 and the Gather are not."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.default_rng(3)
-    w = lambda name, *shape: numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)  # noqa: E731
-    ints = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
-    nodes = [
-        helper.make_node("MatMul", ["x", "wa"], ["a"], name="a"),
-        helper.make_node("Reshape", ["a", "s_r"], ["r"], name="r"),
-        helper.make_node("Transpose", ["r"], ["t"], name="t", perm=[1, 0, 2]),
-        helper.make_node("Unsqueeze", ["t", "ax0"], ["u"], name="u"),
-        helper.make_node("Squeeze", ["u", "ax0"], ["s"], name="s"),
-        helper.make_node("Reshape", ["s", "s_back"], ["s2"], name="s_flat"),
-        helper.make_node("MatMul", ["s2", "wm"], ["y"], name="m"),
-        helper.make_node("Reshape", ["a", "s_back"], ["r2"], name="r2"),
-        helper.make_node("Transpose", ["r2"], ["t2"], name="t2", perm=[1, 0]),
-        helper.make_node("Reshape", ["t2", "s_back"], ["t2b"], name="t2b"),
-        helper.make_node("Sigmoid", ["r2"], ["h2"], name="h2"),
-        helper.make_node("Add", ["t2b", "h2"], ["z"], name="z"),
-        helper.make_node("Identity", ["a"], ["qo"], name="q"),
-        helper.make_node("Reshape", ["qo", "s_back"], ["q2"], name="q2"),
-        helper.make_node("Gather", ["emb", "idx"], ["g"], name="g"),
-        helper.make_node("Concat", ["z", "q2", "g"], ["c"], name="c", axis=0),
-    ]
-    graph = helper.make_graph(
-        nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [32, 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [32, 24]),
-         helper.make_tensor_value_info("qo", TensorProto.FLOAT, [32, 16]),
-         helper.make_tensor_value_info("c", TensorProto.FLOAT, [68, 16])],
-        initializer=[w("wa", 16, 16), w("wm", 16, 24), w("emb", 10, 16), ints("s_r", [4, 8, 16]),
-                     ints("s_back", [32, 16]), ints("ax0", [0]), ints("idx", [1, 3, 5, 7])])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
-    return path
-
-
 def test_twin_nodes_change_the_same_values_and_the_ranking_runs_one_of_them(tmp_path, monkeypatch):
     """A chain of element-moving nodes (Reshape -> Transpose -> Unsqueeze -> Squeeze -> Reshape) changes the same
     values whichever one of them alone is FP16: the ranking runs the first and gives its vector to the others.
@@ -899,7 +860,7 @@ def test_twin_nodes_change_the_same_values_and_the_ranking_runs_one_of_them(tmp_
     from bisector.fp16.plan import Plan
     from bisector.search import vector_ranking
 
-    model = _movement_chain_model(tmp_path / "chain.onnx")
+    model = movement_chain_model(tmp_path / "chain.onnx")
     job = open_job(model, no_cache=True, **options_from_flags(["--atol", "1e-4", "--rtol", "1e-4"]))
     try:
         cat, oracle = job.catalog, job.oracle()

@@ -111,3 +111,24 @@ def single_node_twins(catalog: Catalog, candidates: Iterable[str]) -> dict[str, 
             continue
         twin[j] = twin.get(i, i)  # candidates are in topological order: i's own twin is known already
     return twin
+
+
+def twin_classes(catalog: Catalog, candidates: Iterable[str]) -> list[frozenset[str]]:
+    """The chains of `single_node_twins` as sets of two or more candidates, in candidate order of their first
+    members. A plan's values depend only on whether some member of a class is FP16, not on which: with any
+    member FP16 the chain's tensor is rounded once where it enters (rounding commutes with the chain's moves and
+    is idempotent), and nothing outside the chain reads its inner tensors."""
+    groups: dict[str, list[str]] = {}
+    for j, first in single_node_twins(catalog, candidates).items():
+        groups.setdefault(first, [first]).append(j)
+    return [frozenset(g) for g in groups.values()]
+
+
+def without_idle_twins(fp32: Iterable[str], classes: Iterable[frozenset[str]]) -> frozenset[str]:
+    """`fp32` less the members of every twin class it holds only part of: a plan with the same values
+    (`twin_classes`), and the one of them a search asks and reports (keeping part of such a chain FP32 keeps
+    nothing: its tensor is rounded at the member that is FP16)."""
+    fp32 = frozenset(fp32)
+    idle = [c for c in classes if not c.isdisjoint(fp32) and not c <= fp32]
+    return fp32.difference(*idle) if idle else fp32
+

@@ -106,6 +106,8 @@ def run_search(
     # when a strategy asks (auto: when its search turns diffuse); None where the backend cannot provide it
     ranking: dict[str, Any] = {}  # what the ranking cost, for the report (runs are not evaluations)
     all_hints.setdefault("predicted_ranking", RankingHint(oracle, ranking, progress=progress))
+    if oracle.twins:  # the set the oracle judges for a set asked: a strategy's memo then counts what is judged
+        all_hints.setdefault("canonical", oracle.canonical)
     # Nodes every passing set holds (an output no FP16 value meets): FP32 from the start, the search is over the
     # rest. A set confirmed elsewhere (`start`) is searched as it comes: where it lacks them, its extension adds them.
     unreachable = _unreachable(oracle, keep=start is None)
@@ -128,6 +130,7 @@ def run_search(
     unknown = answer.difference(candidates)
     if unknown:
         raise UsageError(f"strategy {strategy_name!r} returned names that are not candidates: {sorted(unknown)}")
+    answer = oracle.canonical(answer)  # the set judged for it: no idle member of a twin chain
     # The reported verdict is judged in this run: one from the journal of an earlier run is judged again (skipped
     # only when --time-limit is spent; the journal's rows are checksummed either way).
     verdict = oracle.evaluate(answer, count=False) if oracle.budget.spent() else oracle.confirm(answer)
@@ -188,7 +191,7 @@ def removable(oracle: Oracle, answer: frozenset[str], judge_missing: bool = True
     if judge_missing:  # independent sets: judged at once on the oracle's executor
         verdicts = oracle.evaluate_many([answer - {n} for n in members], count=False)
     else:
-        verdicts = [oracle.verdicts.get(answer - {n}) for n in members]
+        verdicts = [oracle.verdict_of(answer - {n}) for n in members]
     return [n for n, v in zip(members, verdicts) if v is None or v.passed]
 
 
@@ -197,7 +200,7 @@ def _known_excess(oracle: Oracle, fp32) -> float | None:
     verdict that failed on a few batch items (bisector.search.screen) holds their excess, a lower bound: the
     set is judged on the whole batch for the hint (one run, not an evaluation), so that a strategy calibrating
     on it searches as it would have judging whole batches."""
-    verdict = oracle.verdicts.get(frozenset(fp32))
+    verdict = oracle.verdict_of(fp32)
     if verdict is not None and verdict.screened is not None:
         verdict = oracle.whole(frozenset(fp32))
     return None if verdict is None else verdict.excess
@@ -240,6 +243,9 @@ def _search_with(strategy, kept: frozenset[str], rest: list[str], oracle: Oracle
     excess = hints.get("excess")
     if callable(excess):
         inner["excess"] = lambda s: excess(frozenset(s) | kept)
+    canonical = hints.get("canonical")
+    if callable(canonical):
+        inner["canonical"] = lambda s: canonical(frozenset(s) | kept) - kept
     if callable(ranking):
         inner["predicted_ranking"] = RankingOf(ranking, rest, kept=kept, memo=memo)
     progress = hints.get("progress")

@@ -24,6 +24,7 @@ from bisector.budget import (  # BudgetExhausted is part of the strategy protoco
 )
 from bisector.compare import Tolerance
 from bisector.fp16.plan import Plan
+from bisector.fp16.points import without_idle_twins
 from bisector.search.judge import Verdict, judge, summed_seconds
 from bisector.packed_sets import SetMemo
 from bisector.search.screen import Screen
@@ -54,6 +55,7 @@ class Oracle:
         on_verdict: Callable[[Verdict], None] | None = None,
         executor=None,
         screen: bool = False,
+        twins: Sequence[frozenset[str]] = (),
     ):
         self.backend = backend
         self.candidates = tuple(candidates)
@@ -78,6 +80,21 @@ class Oracle:
         # `screen`: judge a new plan first on the batch item of the last failure (bisector.search.screen; in this
         # process only: plans sent to an executor's workers are judged whole)
         self.screen = Screen(backend, self.candidates, self.feeds_list, self.golden, tolerance) if screen else None
+        # Chains of element-moving candidates whose values depend only on whether one of them is FP16
+        # (`points.twin_classes`; a search's oracle): every set is asked without the members of a chain it keeps
+        # only in part (`canonical`), so a search asks a chain's removal once, and its sets hold no idle members
+        members = set(self.candidates)
+        self.twins = tuple(c for c in twins if len(c) > 1 and c <= members)
+
+    def canonical(self, fp32) -> frozenset[str]:
+        """The set this oracle judges for `fp32`: `fp32` less the members of a twin chain it keeps only in part
+        (the same values: `points.without_idle_twins`); `fp32` itself without twins."""
+        fp32 = frozenset(fp32)
+        return without_idle_twins(fp32, self.twins) if self.twins else fp32
+
+    def verdict_of(self, fp32) -> Verdict | None:
+        """The verdict of `fp32` (as judged: `canonical`), where it has been judged; None otherwise."""
+        return self.verdicts.get(self.canonical(fp32))
 
     @property
     def workers(self) -> int:
@@ -99,7 +116,7 @@ class Oracle:
         return self.evaluate(frozenset(fp32)).passed
 
     def evaluate(self, fp32: frozenset[str], count: bool = True) -> Verdict:
-        fp32 = frozenset(fp32)
+        fp32 = self.canonical(fp32)
         if self.executor is not None:
             return self.evaluate_many([fp32], count=count)[0]
         key = self.verdicts.key(fp32)
@@ -130,7 +147,7 @@ class Oracle:
         earlier run is judged again (not counted as an evaluation; the journal entry is replaced), and so is one
         whose comparisons were slimmed during the search. The final set of a search is reported from this, so it
         never rests on a stored verdict alone, nor on part of one."""
-        fp32 = frozenset(fp32)
+        fp32 = self.canonical(fp32)
         known = self.evaluate(fp32, count=False)
         from_journal = known.source == "journal" and self.confirm_final
         # a slimmed verdict (Verdict.slim) lost comparisons the report shows, a lean one their summaries: judged
@@ -156,7 +173,7 @@ class Oracle:
         """The verdict of a set already judged, judged on every input item where it failed on one item alone
         (`Verdict.screened`): its comparisons and excess are then the whole job's. The memo, the history and the
         journal keep the whole verdict; not an evaluation (the plan was counted when it was first judged)."""
-        fp32 = frozenset(fp32)
+        fp32 = self.canonical(fp32)
         known = self.verdicts[fp32]
         if known.screened is None:
             return known
@@ -191,7 +208,7 @@ class Oracle:
         """Verdicts for independent sets, in the order given. Without an executor: one after another, exactly as
         `evaluate`. With one: memo and journal first, then the new plans at once (at most the budget left; when
         it cuts the batch, the plans sent are judged and recorded, then BudgetExhausted is raised)."""
-        fsets = [frozenset(s) for s in sets]
+        fsets = [self.canonical(s) for s in sets]
         if self.executor is None:
             return [self.evaluate(s, count=count) for s in fsets]
         resolved: dict[frozenset[str], Verdict] = {}

@@ -1,0 +1,145 @@
+"""Twin chains (bisector.fp16.points.twin_classes): a chain of element-moving nodes holds the same values whichever
+of its members are FP16, so a search's oracle judges a set without the members of a chain it keeps only in part."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from movement_models import movement_chain_model  # noqa: E402
+
+from bisector.app.job import open_job  # noqa: E402
+from bisector.app.options import options_from_flags  # noqa: E402
+from bisector.fp16.plan import Plan  # noqa: E402
+from bisector.fp16.points import twin_classes, without_idle_twins  # noqa: E402
+from bisector.search.driver import run_search  # noqa: E402
+
+CHAIN = frozenset({"r", "t", "u", "s", "s_flat"})
+SHORT = frozenset({"t2", "t2b"})
+
+
+def test_without_idle_twins_drops_only_chains_kept_in_part():
+    classes = [CHAIN, SHORT]
+    assert without_idle_twins({"a", "r", "t"}, classes) == {"a"}
+    assert without_idle_twins({"a"} | CHAIN, classes) == {"a"} | CHAIN  # whole: kept
+    assert without_idle_twins({"a", "m"}, classes) == {"a", "m"}  # none: as it is
+    assert without_idle_twins(CHAIN | {"t2b"}, classes) == CHAIN
+    assert without_idle_twins({"t"}, []) == {"t"}
+
+
+@pytest.mark.parametrize("flags, extra", [([], None), (["--fp16-arithmetic", "gpu"], None), ([], {"storage": "bf16"})],
+                         ids=["storage", "gpu", "bf16"])
+def test_a_plan_holds_the_same_values_whichever_members_of_a_twin_chain_are_fp16(tmp_path, flags, extra):
+    """Random plans against the same plans without a chain's idle members, bit for bit on every output; and
+    two producer/reader pairs that are not twins, where the check fails."""
+    model = movement_chain_model(tmp_path / "chain.onnx")
+    job = open_job(model, no_cache=True, backend_extra=extra, canary=extra is None,  # the canary checks FP16
+                   **options_from_flags(["--atol", "1e-4", "--rtol", "1e-4", *flags]))
+    try:
+        assert getattr(job.backend, "storage", "fp16") == (extra or {}).get("storage", "fp16")
+        cat = job.catalog
+        cands = tuple(cat.candidates)
+        classes = twin_classes(cat, cands)
+        assert sorted(map(sorted, classes)) == [sorted(CHAIN), sorted(SHORT)]
+        feeds = job.feeds_list[0]
+
+        def run(fp32) -> dict:
+            return job.backend.run(Plan(frozenset(fp32), cands), feeds)
+
+        rng = np.random.default_rng(5)
+        idle_seen = 0
+        for _ in range(24):
+            fp32 = frozenset(n for n in cands if rng.random() < 0.5)
+            canon = without_idle_twins(fp32, classes)
+            idle_seen += canon != fp32
+            a, b = run(fp32), run(canon)
+            for out in cat.output_names:
+                assert np.array_equal(a[out], b[out]), (sorted(fp32), out)
+        assert idle_seen >= 12  # most random plans keep some chain in part: the check above is not vacuous
+        # every non-empty part of the chain FP16 (the rest FP32) against the whole chain FP16
+        everything = frozenset(cands)
+        whole = run(everything - CHAIN)
+        members = sorted(CHAIN)
+        for k in range(1, 1 << len(members)):
+            part = {m for i, m in enumerate(members) if k >> i & 1}
+            got = run(everything - part)
+            assert all(np.array_equal(got[o], whole[o]) for o in cat.output_names), part
+        # not twins: a producer and a reader that computes (a -> r) or reads a tensor read twice (r2 -> t2)
+        for pair in ({"a", "r"}, {"r2", "t2"}):
+            one, other = sorted(pair)
+            a, b = run(everything - {one}), run(everything - {other})
+            assert any(not np.array_equal(a[o], b[o]) for o in cat.output_names), pair
+    finally:
+        job.close()
+
+
+def test_a_search_oracle_judges_a_chain_once_and_verify_judges_sets_as_given(tmp_path):
+    model = movement_chain_model(tmp_path / "chain.onnx")
+    job = open_job(model, no_cache=True, **options_from_flags(["--atol", "1e-4", "--rtol", "1e-4"]))
+    try:
+        everything = frozenset(job.catalog.candidates)
+        searching = job.oracle(twins=True)
+        verdicts = [searching.evaluate(everything - {m}) for m in sorted(CHAIN)]
+        assert searching.new == 1  # five sets asked, one judged
+        assert all(v is verdicts[0] for v in verdicts)
+        assert verdicts[0].fp32 == everything - CHAIN
+        assert searching.verdict_of(everything - {"u"}) is verdicts[0]
+        assert searching.evaluate_many([everything - {"t2"}, everything - {"t2b"}])[0].fp32 == everything - SHORT
+        assert searching.new == 2
+        given = job.oracle()  # verify's: the user's set as written
+        assert given.twins == ()
+        assert given.evaluate(everything - {"u"}).fp32 == everything - {"u"}
+        given.evaluate(everything - {"t"})
+        assert given.new == 2
+    finally:
+        job.close()
+
+
+@pytest.mark.parametrize("strategy", ["gt", "auto", "greedy", "ddmin"])
+def test_a_search_asks_a_chain_once_and_reports_no_idle_member(tmp_path, strategy):
+    """At a tolerance where the chain's rounding fails the output, every strategy keeps the whole chain FP32, as
+    without twins, in fewer evaluations; the set is 1-minimal and holds no chain in part."""
+    model = movement_chain_model(tmp_path / "chain.onnx")
+    job = open_job(model, no_cache=True, **options_from_flags(["--atol", "1e-4", "--rtol", "1e-4"]))
+    try:
+        results = {}
+        for twins in (True, False):
+            oracle = job.oracle(twins=twins)
+            results[twins] = (run_search(oracle, strategy), oracle.new)
+        (found, new), (plain, plain_new) = results[True], results[False]
+        assert found.passed and found.minimal
+        assert found.fp32 == plain.fp32 and CHAIN <= found.fp32  # the chain matters here: kept whole
+        assert all(c <= found.fp32 or c.isdisjoint(found.fp32) for c in (CHAIN, SHORT))
+        assert new < plain_new, (new, plain_new)
+    finally:
+        job.close()
+
+
+def test_the_command_judges_no_set_that_keeps_a_chain_in_part(tmp_path, monkeypatch):
+    """`precision` (the command's search) asks its oracle with twins: no judged set keeps a chain in part, and the
+    answer is the one judged. Through the journal as well: a resumed search answers from it."""
+    from bisector.app.precision import precision
+
+    model = movement_chain_model(tmp_path / "chain.onnx")
+    for cut in (None, 4):  # a whole search; then one killed after 4 verdicts and resumed
+        seen: list = []
+        opts = dict(atol=1e-4, rtol=1e-4, cache_dir=tmp_path / f"cache{cut}")
+        if cut is not None:
+            def stop(v, seen=seen):
+                seen.append(frozenset(v.fp32))
+                if len(seen) == cut:
+                    raise KeyboardInterrupt
+            with pytest.raises(KeyboardInterrupt):
+                precision(model, on_verdict=stop, **opts)
+            opts["resume"] = True
+        result = precision(model, on_verdict=lambda v: seen.append(frozenset(v.fp32)), **opts)
+        assert result.passed and result.minimal
+        assert len(seen) >= 8
+        assert result.constraints.evaluations.cached == (0 if cut is None else cut)
+        for fp32 in seen + [frozenset(result.fp32_nodes)]:
+            assert all(c <= fp32 or c.isdisjoint(fp32) for c in (CHAIN, SHORT)), sorted(fp32)
