@@ -42,7 +42,7 @@ ORDER = ["auto", "gt", "greedy", "ddmin", "bisect", "linear"]
 MINIMAL = ["auto", "gt", "greedy", "ddmin"]
 AUTO_OPTIONS: dict[str, object] = {}  # --auto KEY=VALUE: constructor options for auto (e.g. shrink=groups)
 ALSO_OPTIONS: dict[str, object] = {}  # --also KEY=VALUE: a second auto row ("auto+") with these options on top
-TWINS = True  # --no-twins: the oracle judges every set as asked (before the twenty-sixth round)
+IDLE = True  # --no-idle: the oracle judges every set as asked, idle FP32 members included (before the 26th round)
 USE_EXCESS = True  # --no-excess: strategies get pass/fail only (no `excess` hint), as before the hint existed
 
 
@@ -306,7 +306,7 @@ def real_models(fixtures: bool = True, registry: bool = True, only: str | None =
     for label, path, args in models:
         job = open_job(path, no_cache=True, **options_from_flags(args))
         jobs.append(job)
-        oracle = job.oracle(twins=TWINS)
+        oracle = job.oracle(idle=IDLE)
         if not oracle.passes(frozenset(oracle.candidates)):
             print(f"({label}: even all-FP32 fails; skipped)")
             continue
@@ -465,7 +465,7 @@ def _with_excess(oracle):
         return predicted_ranking(oracle, list(first), excess, stats=stats)
 
     passes.excess = excess  # type: ignore[attr-defined]
-    if oracle.twins:
+    if oracle.idle is not None:
         passes.canonical = oracle.canonical  # type: ignore[attr-defined]
     predicted.exact_backend = rankable(oracle)  # type: ignore[attr-defined]  # as the driver's hint says it (emulate)
     passes.predicted_ranking = predicted  # type: ignore[attr-defined]
@@ -501,7 +501,7 @@ def large_diffuse() -> None:
             for name, opts in runs + [("gt", {})]:
                 job = open_job(path, no_cache=True, **options_from_flags(
                     ["--atol", tol, "--rtol", tol, "--val-range", "x:[-1,1]"]))
-                oracle = job.oracle(twins=TWINS)
+                oracle = job.oracle(idle=IDLE)
                 f = _with_excess(oracle)
                 counting = CountingOracle(f)
                 phases: dict[str, int] = {}
@@ -613,9 +613,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="only generated transformers at tight tolerances: auto against gt (~15 min)")
     ap.add_argument("--no-excess", action="store_true",
                     help="strategies get pass/fail only, no `excess` hint (the baseline for the hint's effect)")
-    ap.add_argument("--no-twins", action="store_true",
-                    help="the oracle judges every set as asked, twin chains' idle members included (the baseline "
-                         "for the twenty-sixth round's twin chains)")
+    ap.add_argument("--no-idle", action="store_true",
+                    help="the oracle judges every set as asked, idle FP32 members included (the baseline for the "
+                         "twenty-sixth round's canonical sets)")
     ap.add_argument("--auto", action="append", default=[], metavar="KEY=VALUE",
                     help="an option for auto's constructor, e.g. --auto shrink=groups --auto cyclic=true")
     ap.add_argument("--also", action="append", default=[], metavar="KEY=VALUE",
@@ -627,9 +627,9 @@ def main(argv: list[str] | None = None) -> None:
             key, _, value = item.partition("=")
             low = value.lower()
             into[key] = (low == "true") if low in ("true", "false") else _number(value)
-    global USE_EXCESS, TWINS
+    global USE_EXCESS, IDLE
     USE_EXCESS = not args.no_excess
-    TWINS = not args.no_twins
+    IDLE = not args.no_idle
     seeds = args.seeds or (5 if args.quick else 10)
     t0 = time.perf_counter()
     if args.large_diffuse:

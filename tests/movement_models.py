@@ -43,3 +43,36 @@ def movement_chain_model(path):
                      ints("s_back", [32, 16]), ints("ax0", [0]), ints("idx", [1, 3, 5, 7])])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
     return path
+
+
+def exact_readers_model(path):
+    """Nodes whose FP16 outputs are exact on FP16 inputs, and near misses: x -> MatMul a, MatMul b; Relu r (of a);
+    Max mx (of r, b); Floor fl (of mx) -> MatMul y; Concat cw (of mx and a weight); Neg ng (of the graph input x);
+    Identity q (of a) whose reader is the Relu-free Add z (of q, ng). Idle where their producers are FP16: r, mx, fl,
+    q; never: cw (a weight is converted), ng (a graph input is rounded)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(7)
+    w = lambda name, *shape: numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)  # noqa: E731
+    nodes = [
+        helper.make_node("MatMul", ["x", "wa"], ["a"], name="a"),
+        helper.make_node("MatMul", ["x", "wb"], ["b"], name="b"),
+        helper.make_node("Relu", ["a"], ["r"], name="r"),
+        helper.make_node("Max", ["r", "b"], ["mx"], name="mx"),
+        helper.make_node("Floor", ["mx"], ["fl"], name="fl"),
+        helper.make_node("MatMul", ["fl", "wy"], ["y"], name="y"),
+        helper.make_node("Concat", ["mx", "wc"], ["cw"], name="cw", axis=0),
+        helper.make_node("Neg", ["x"], ["ng"], name="ng"),
+        helper.make_node("Identity", ["a"], ["q"], name="q"),
+        helper.make_node("Add", ["q", "ng"], ["z"], name="z"),
+    ]
+    graph = helper.make_graph(
+        nodes, "readers", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [32, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [32, 8]),
+         helper.make_tensor_value_info("cw", TensorProto.FLOAT, [36, 16]),
+         helper.make_tensor_value_info("z", TensorProto.FLOAT, [32, 16])],
+        initializer=[w("wa", 16, 16), w("wb", 16, 16), w("wy", 16, 8),
+                     numpy_helper.from_array((rng.standard_normal((4, 16)) * 8).astype(np.float32), "wc")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path

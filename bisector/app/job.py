@@ -25,7 +25,7 @@ from bisector.budget import Budget
 from bisector.search.oracle import Oracle
 from bisector.search.judge import Judged, Verdict, judge
 from bisector.fp16.plan import Plan
-from bisector.fp16.points import twin_classes
+from bisector.fp16.points import IdleFP32
 from bisector.model.polyjson import Feeds
 from bisector.app.options import BackendChoice, Cache, Inputs, Tolerances
 
@@ -62,13 +62,13 @@ class Job:
         return SqliteJournal(self.cache_dir / "journal.sqlite", description, resume=resume)
 
     def oracle(self, budget: Budget | None = None, journal=None, on_verdict=None, screen: bool = False,
-               twins: bool = False) -> Oracle:
+               idle: bool = False) -> Oracle:
         """`screen`: failing plans may be judged on one batch item (a search's oracle; bisector.search.screen).
-        `twins`: a search's oracle, which judges a set without the idle members of a chain of element-moving
-        nodes (`points.twin_classes`); without, every set is judged as given (verify)."""
-        classes = twin_classes(self.catalog, self.catalog.candidates) if twins else ()
+        `idle`: a search's oracle, which judges a set without its idle FP32 members (`points.IdleFP32`: the same
+        values); without, every set is judged as given (verify)."""
         return Oracle(self.backend, self.catalog.candidates, self.feeds_list, self.golden.outputs, self.tolerance,
-                      journal=journal, budget=budget, on_verdict=on_verdict, screen=screen, twins=classes)
+                      journal=journal, budget=budget, on_verdict=on_verdict, screen=screen,
+                      idle=IdleFP32(self.catalog, self.catalog.candidates) if idle else None)
 
     def plan(self, fp32) -> Plan:
         """A plan keeping `fp32` (node names; pinned ones are FP32 anyway) in FP32. Unknown names: UsageError."""

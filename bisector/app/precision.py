@@ -116,7 +116,7 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
         journal = job.journal(resume=s.resume)
         observers = [f for f in (on_verdict, progress.on_verdict if progress is not None else None) if f]
         oracle = job.oracle(budget=budget, journal=journal, on_verdict=lambda v: [f(v) for f in observers],
-                            screen=True, twins=True)
+                            screen=True, idle=True)
         if executor is not None:
             open_job_spec(executor, Path(model), groups, job)
         oracle.executor = executor
@@ -219,7 +219,7 @@ def _confirm(model: Path, groups: dict, confirm: BackendChoice, s: Search, found
         try:
             oracle = there.oracle(budget=Budget(max_evals=s.max_evals, time_limit=s.time_limit,
                                                 started=budget.started), journal=journal, screen=True,
-                                  twins=True)
+                                  idle=True)
             if executor is not None:
                 open_job_spec(executor, model, {**groups, BackendChoice: confirm}, there)
                 oracle.executor = executor

@@ -126,9 +126,52 @@ def twin_classes(catalog: Catalog, candidates: Iterable[str]) -> list[frozenset[
 
 def without_idle_twins(fp32: Iterable[str], classes: Iterable[frozenset[str]]) -> frozenset[str]:
     """`fp32` less the members of every twin class it holds only part of: a plan with the same values
-    (`twin_classes`), and the one of them a search asks and reports (keeping part of such a chain FP32 keeps
-    nothing: its tensor is rounded at the member that is FP16)."""
+    (`twin_classes`; keeping part of such a chain FP32 keeps nothing: its tensor is rounded at the member that is
+    FP16)."""
     fp32 = frozenset(fp32)
     idle = [c for c in classes if not c.isdisjoint(fp32) and not c <= fp32]
     return fp32.difference(*idle) if idle else fp32
 
+
+class IdleFP32:
+    """The FP32 members of a plan that keep nothing FP32 — the plan without them holds the same values — so a
+    search asks and reports plans without them (`without`). Two kinds:
+
+    - the members of a twin chain the plan keeps only in part (`twin_classes`: rounded where the chain is FP16);
+    - a node whose FP16 outputs are exact on FP16 inputs (`rules.op_rule(...).exact_outputs`: Relu, MaxPool,
+      Concat, Slice, ...) and whose every float data input an FP16 candidate stores: FP32 or FP16, it reads
+      FP16 values and writes them unchanged. Not where an input is a weight (FP16 converts it), a graph input or
+      a pinned node's output (FP16 rounds them), nor Dropout (it scales in training mode).
+
+    Removing such a node makes its FP16-exact readers idle in turn: one pass in topological order."""
+
+    def __init__(self, catalog: Catalog, candidates: Iterable[str]):
+        cands = list(candidates)  # in topological order
+        members = set(cands)
+        self.twins = twin_classes(catalog, cands)
+        readers = []
+        for j in cands:
+            node = catalog.nodes[j]
+            if (node.domain not in ("", "ai.onnx") or node.op_type == "Dropout"
+                    or not rules.op_rule(node.op_type).exact_outputs):
+                continue
+            data = [t for t, i in catalog.reads(j)
+                    if catalog.is_float(t) and not (i is not None and catalog.is_parameter(j, i))]
+            producers = {catalog.producers.get(t) for t in data}
+            if data and not any(t in catalog.weights for t in data) and producers <= members:
+                readers.append((j, frozenset(producers)))
+        self.readers = tuple(readers)  # (node, the candidates that produce its float data inputs)
+
+    def __bool__(self) -> bool:
+        return bool(self.twins or self.readers)
+
+    def without(self, fp32: Iterable[str]) -> frozenset[str]:
+        """`fp32` less its idle members: a plan with the same values."""
+        kept = without_idle_twins(fp32, self.twins)
+        dropped = False
+        work = set(kept)
+        for j, producers in self.readers:
+            if j in work and producers.isdisjoint(work):
+                work.discard(j)
+                dropped = True
+        return frozenset(work) if dropped else kept

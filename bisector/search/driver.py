@@ -106,7 +106,7 @@ def run_search(
     # when a strategy asks (auto: when its search turns diffuse); None where the backend cannot provide it
     ranking: dict[str, Any] = {}  # what the ranking cost, for the report (runs are not evaluations)
     all_hints.setdefault("predicted_ranking", RankingHint(oracle, ranking, progress=progress))
-    if oracle.twins:  # the set the oracle judges for a set asked: a strategy's memo then counts what is judged
+    if oracle.idle is not None:  # the set the oracle judges for a set asked: a strategy's memo counts what is judged
         all_hints.setdefault("canonical", oracle.canonical)
     # Nodes every passing set holds (an output no FP16 value meets): FP32 from the start, the search is over the
     # rest. A set confirmed elsewhere (`start`) is searched as it comes: where it lacks them, its extension adds them.
@@ -130,7 +130,7 @@ def run_search(
     unknown = answer.difference(candidates)
     if unknown:
         raise UsageError(f"strategy {strategy_name!r} returned names that are not candidates: {sorted(unknown)}")
-    answer = oracle.canonical(answer)  # the set judged for it: no idle member of a twin chain
+    answer = oracle.canonical(answer)  # the set judged for it: no idle FP32 member
     # The reported verdict is judged in this run: one from the journal of an earlier run is judged again (skipped
     # only when --time-limit is spent; the journal's rows are checksummed either way).
     verdict = oracle.evaluate(answer, count=False) if oracle.budget.spent() else oracle.confirm(answer)

@@ -24,7 +24,7 @@ from bisector.budget import (  # BudgetExhausted is part of the strategy protoco
 )
 from bisector.compare import Tolerance
 from bisector.fp16.plan import Plan
-from bisector.fp16.points import without_idle_twins
+from bisector.fp16.points import IdleFP32
 from bisector.search.judge import Verdict, judge, summed_seconds
 from bisector.packed_sets import SetMemo
 from bisector.search.screen import Screen
@@ -55,7 +55,7 @@ class Oracle:
         on_verdict: Callable[[Verdict], None] | None = None,
         executor=None,
         screen: bool = False,
-        twins: Sequence[frozenset[str]] = (),
+        idle: IdleFP32 | None = None,
     ):
         self.backend = backend
         self.candidates = tuple(candidates)
@@ -80,17 +80,16 @@ class Oracle:
         # `screen`: judge a new plan first on the batch item of the last failure (bisector.search.screen; in this
         # process only: plans sent to an executor's workers are judged whole)
         self.screen = Screen(backend, self.candidates, self.feeds_list, self.golden, tolerance) if screen else None
-        # Chains of element-moving candidates whose values depend only on whether one of them is FP16
-        # (`points.twin_classes`; a search's oracle): every set is asked without the members of a chain it keeps
-        # only in part (`canonical`), so a search asks a chain's removal once, and its sets hold no idle members
-        members = set(self.candidates)
-        self.twins = tuple(c for c in twins if len(c) > 1 and c <= members)
+        # A search's oracle judges every set without its idle FP32 members (`points.IdleFP32`: a twin chain kept in
+        # part, an exact reader of FP16 values): the same values, so one judgement stands for all such sets, a
+        # chain's removal is asked once, and no set a search reports keeps a node FP32 for nothing
+        self.idle = idle if idle else None
 
     def canonical(self, fp32) -> frozenset[str]:
-        """The set this oracle judges for `fp32`: `fp32` less the members of a twin chain it keeps only in part
-        (the same values: `points.without_idle_twins`); `fp32` itself without twins."""
+        """The set this oracle judges for `fp32`: `fp32` less its idle members (the same values); `fp32` itself
+        where the oracle has no `idle`."""
         fp32 = frozenset(fp32)
-        return without_idle_twins(fp32, self.twins) if self.twins else fp32
+        return self.idle.without(fp32) if self.idle is not None else fp32
 
     def verdict_of(self, fp32) -> Verdict | None:
         """The verdict of `fp32` (as judged: `canonical`), where it has been judged; None otherwise."""

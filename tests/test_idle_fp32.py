@@ -1,5 +1,6 @@
-"""Twin chains (bisector.fp16.points.twin_classes): a chain of element-moving nodes holds the same values whichever
-of its members are FP16, so a search's oracle judges a set without the members of a chain it keeps only in part."""
+"""Idle FP32 members (bisector.fp16.points.IdleFP32): a twin chain of element-moving nodes holds the same values
+whichever of its members are FP16, and a node exact on FP16 inputs whose producers are FP16 holds the same values
+FP32 or FP16; so a search's oracle judges a set without them."""
 
 from __future__ import annotations
 
@@ -11,12 +12,12 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from movement_models import movement_chain_model  # noqa: E402
+from movement_models import exact_readers_model, movement_chain_model  # noqa: E402
 
 from bisector.app.job import open_job  # noqa: E402
 from bisector.app.options import options_from_flags  # noqa: E402
 from bisector.fp16.plan import Plan  # noqa: E402
-from bisector.fp16.points import twin_classes, without_idle_twins  # noqa: E402
+from bisector.fp16.points import IdleFP32, twin_classes, without_idle_twins  # noqa: E402
 from bisector.search.driver import run_search  # noqa: E402
 
 CHAIN = frozenset({"r", "t", "u", "s", "s_flat"})
@@ -32,48 +33,75 @@ def test_without_idle_twins_drops_only_chains_kept_in_part():
     assert without_idle_twins({"t"}, []) == {"t"}
 
 
-@pytest.mark.parametrize("flags, extra", [([], None), (["--fp16-arithmetic", "gpu"], None), ([], {"storage": "bf16"})],
-                         ids=["storage", "gpu", "bf16"])
+def _job(path, flags=(), extra=None):
+    return open_job(path, no_cache=True, backend_extra=extra, canary=extra is None,  # the canary checks FP16
+                    **options_from_flags(["--atol", "1e-4", "--rtol", "1e-4", *flags]))
+
+
+MODES = pytest.mark.parametrize("flags, extra", [([], None), (["--fp16-arithmetic", "gpu"], None),
+                                                 ([], {"storage": "bf16"})], ids=["storage", "gpu", "bf16"])
+
+
+def _same_values(job, a, b) -> bool:
+    cands = tuple(job.catalog.candidates)
+    one = job.backend.run(Plan(frozenset(a), cands), job.feeds_list[0])
+    two = job.backend.run(Plan(frozenset(b), cands), job.feeds_list[0])
+    return all(np.array_equal(one[o], two[o]) for o in job.catalog.output_names)
+
+
+@MODES
 def test_a_plan_holds_the_same_values_whichever_members_of_a_twin_chain_are_fp16(tmp_path, flags, extra):
-    """Random plans against the same plans without a chain's idle members, bit for bit on every output; and
-    two producer/reader pairs that are not twins, where the check fails."""
-    model = movement_chain_model(tmp_path / "chain.onnx")
-    job = open_job(model, no_cache=True, backend_extra=extra, canary=extra is None,  # the canary checks FP16
-                   **options_from_flags(["--atol", "1e-4", "--rtol", "1e-4", *flags]))
+    """Random plans against the same plans without their idle members, bit for bit on every output; every part of
+    the chain FP16 against all of it; and two producer/reader pairs that are not twins, where the check fails."""
+    job = _job(movement_chain_model(tmp_path / "chain.onnx"), flags, extra)
     try:
         assert getattr(job.backend, "storage", "fp16") == (extra or {}).get("storage", "fp16")
-        cat = job.catalog
-        cands = tuple(cat.candidates)
-        classes = twin_classes(cat, cands)
-        assert sorted(map(sorted, classes)) == [sorted(CHAIN), sorted(SHORT)]
-        feeds = job.feeds_list[0]
-
-        def run(fp32) -> dict:
-            return job.backend.run(Plan(frozenset(fp32), cands), feeds)
-
+        cands = tuple(job.catalog.candidates)
+        idle = IdleFP32(job.catalog, cands)
+        assert sorted(map(sorted, idle.twins)) == [sorted(CHAIN), sorted(SHORT)]
+        assert sorted(j for j, _ in idle.readers) == ["c", "q", "q2", "r", "r2", "s", "s_flat", "t", "t2", "t2b", "u"]
         rng = np.random.default_rng(5)
-        idle_seen = 0
+        changed = 0
         for _ in range(24):
             fp32 = frozenset(n for n in cands if rng.random() < 0.5)
-            canon = without_idle_twins(fp32, classes)
-            idle_seen += canon != fp32
-            a, b = run(fp32), run(canon)
-            for out in cat.output_names:
-                assert np.array_equal(a[out], b[out]), (sorted(fp32), out)
-        assert idle_seen >= 12  # most random plans keep some chain in part: the check above is not vacuous
-        # every non-empty part of the chain FP16 (the rest FP32) against the whole chain FP16
+            canon = idle.without(fp32)
+            changed += canon != fp32
+            assert _same_values(job, fp32, canon), sorted(fp32)
+        assert changed >= 12  # most random plans hold idle members: the check above is not vacuous
         everything = frozenset(cands)
-        whole = run(everything - CHAIN)
         members = sorted(CHAIN)
         for k in range(1, 1 << len(members)):
             part = {m for i, m in enumerate(members) if k >> i & 1}
-            got = run(everything - part)
-            assert all(np.array_equal(got[o], whole[o]) for o in cat.output_names), part
+            assert _same_values(job, everything - part, everything - CHAIN), part
         # not twins: a producer and a reader that computes (a -> r) or reads a tensor read twice (r2 -> t2)
-        for pair in ({"a", "r"}, {"r2", "t2"}):
-            one, other = sorted(pair)
-            a, b = run(everything - {one}), run(everything - {other})
-            assert any(not np.array_equal(a[o], b[o]) for o in cat.output_names), pair
+        for one, other in (("a", "r"), ("r2", "t2")):
+            assert not _same_values(job, everything - {one}, everything - {other}), (one, other)
+    finally:
+        job.close()
+
+
+@MODES
+def test_a_node_exact_on_fp16_inputs_is_idle_where_its_producers_are_fp16(tmp_path, flags, extra):
+    """Relu, Max, Floor and Identity after FP16 producers hold the same values FP32 or FP16; a Concat with a weight
+    and a Neg of the graph input do not (the check fails for them)."""
+    job = _job(exact_readers_model(tmp_path / "readers.onnx"), flags, extra)
+    try:
+        cands = tuple(job.catalog.candidates)
+        idle = IdleFP32(job.catalog, cands)
+        assert idle.twins == []
+        assert [j for j, _ in idle.readers] == ["r", "mx", "fl", "q"]
+        assert idle.without({"r", "mx", "fl", "cw", "ng", "q"}) == {"cw", "ng"}  # a, b FP16: all four idle
+        assert idle.without({"a", "r", "mx", "fl"}) == {"a", "r", "mx", "fl"}  # b FP16 but r FP32: mx is not idle
+        assert idle.without({"b", "mx", "fl"}) == {"b", "mx", "fl"}  # r FP16 but b FP32
+        assert idle.without({"b", "fl"}) == {"b"}
+        for fp32 in ({"r", "mx", "fl", "q"}, {"b", "fl"}, {"a", "q", "mx"}):
+            assert _same_values(job, fp32, idle.without(fp32)), fp32
+        assert not _same_values(job, {"cw"}, set())  # a Concat of a weight: FP16 converts it
+        assert not _same_values(job, {"ng", "z"}, {"z"})  # a Neg of the graph input: FP16 rounds it
+        rng = np.random.default_rng(9)
+        for _ in range(16):
+            fp32 = frozenset(n for n in cands if rng.random() < 0.5)
+            assert _same_values(job, fp32, idle.without(fp32)), sorted(fp32)
     finally:
         job.close()
 
@@ -83,7 +111,7 @@ def test_a_search_oracle_judges_a_chain_once_and_verify_judges_sets_as_given(tmp
     job = open_job(model, no_cache=True, **options_from_flags(["--atol", "1e-4", "--rtol", "1e-4"]))
     try:
         everything = frozenset(job.catalog.candidates)
-        searching = job.oracle(twins=True)
+        searching = job.oracle(idle=True)
         verdicts = [searching.evaluate(everything - {m}) for m in sorted(CHAIN)]
         assert searching.new == 1  # five sets asked, one judged
         assert all(v is verdicts[0] for v in verdicts)
@@ -92,7 +120,7 @@ def test_a_search_oracle_judges_a_chain_once_and_verify_judges_sets_as_given(tmp
         assert searching.evaluate_many([everything - {"t2"}, everything - {"t2b"}])[0].fp32 == everything - SHORT
         assert searching.new == 2
         given = job.oracle()  # verify's: the user's set as written
-        assert given.twins == ()
+        assert given.idle is None
         assert given.evaluate(everything - {"u"}).fp32 == everything - {"u"}
         given.evaluate(everything - {"t"})
         assert given.new == 2
@@ -109,7 +137,7 @@ def test_a_search_asks_a_chain_once_and_reports_no_idle_member(tmp_path, strateg
     try:
         results = {}
         for twins in (True, False):
-            oracle = job.oracle(twins=twins)
+            oracle = job.oracle(idle=twins)
             results[twins] = (run_search(oracle, strategy), oracle.new)
         (found, new), (plain, plain_new) = results[True], results[False]
         assert found.passed and found.minimal
