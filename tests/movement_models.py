@@ -1,4 +1,5 @@
-"""Models with chains of element-moving nodes (twin chains: bisector.fp16.points.twin_classes), built at test time."""
+"""Models with chains of element-moving nodes (twins: bisector.fp16.points.single_node_twins; idle
+FP32 members: IdleFP32), built at test time."""
 
 from __future__ import annotations
 

@@ -17,20 +17,31 @@ from movement_models import exact_readers_model, movement_chain_model  # noqa: E
 from bisector.app.job import open_job  # noqa: E402
 from bisector.app.options import options_from_flags  # noqa: E402
 from bisector.fp16.plan import Plan  # noqa: E402
-from bisector.fp16.points import IdleFP32, twin_classes, without_idle_twins  # noqa: E402
+from bisector.fp16.points import IdleFP32  # noqa: E402
 from bisector.search.driver import run_search  # noqa: E402
 
 CHAIN = frozenset({"r", "t", "u", "s", "s_flat"})
 SHORT = frozenset({"t2", "t2b"})
 
 
-def test_without_idle_twins_drops_only_chains_kept_in_part():
-    classes = [CHAIN, SHORT]
-    assert without_idle_twins({"a", "r", "t"}, classes) == {"a"}
-    assert without_idle_twins({"a"} | CHAIN, classes) == {"a"} | CHAIN  # whole: kept
-    assert without_idle_twins({"a", "m"}, classes) == {"a", "m"}  # none: as it is
-    assert without_idle_twins(CHAIN | {"t2b"}, classes) == CHAIN
-    assert without_idle_twins({"t"}, []) == {"t"}
+def test_a_chain_kept_in_part_is_idle_before_and_after_its_fp16_member(tmp_path):
+    job = _job(movement_chain_model(tmp_path / "chain.onnx"))
+    try:
+        idle = IdleFP32(job.catalog, job.catalog.candidates)
+        assert idle.without({"a", "m", "r", "t"}) == {"a", "m"}  # u FP16: t's one reader, then r's
+        assert idle.without({"a", "s", "s_flat", "m"}) == {"a", "m"}  # u FP16: s reads it, s_flat reads s
+        assert idle.without({"a", "m", "t", "s"}) == {"a", "m"}  # r FP16 before t, u between t and s
+        assert idle.without({"a", "m"} | CHAIN) == {"a", "m"} | CHAIN  # the whole chain: kept
+        assert idle.without({"a"} | CHAIN) == {"a"}  # its reader m FP16: s_flat idle, then s, u, t, r
+        assert idle.without(CHAIN) == set()  # and its producer a FP16 as well
+        assert idle.without({"a", "m", "h2"}) == {"a", "m", "h2"}  # nothing to drop: the same set
+        assert idle.without({"a", "m", "t2b"} | CHAIN) == {"a", "m"} | CHAIN  # t2 FP16 before t2b
+        assert idle.without({"a", "r2", "h2"}) == {"a", "r2", "h2"}  # r2's readers: t2 FP16, h2 FP32: kept
+        assert idle.without({"a", "r2", "t2"}) == {"a"}  # h2 FP16 too: r2 idle (t2 already was: t2b FP16)
+        assert idle.without({"a", "q", "q2"}) == {"a", "q"}  # q writes a graph output: kept; q2 only moves for c
+        assert idle.without({"q"}) == set()  # a FP16: q copies FP16 values
+    finally:
+        job.close()
 
 
 def _job(path, flags=(), extra=None):
@@ -58,8 +69,8 @@ def test_a_plan_holds_the_same_values_whichever_members_of_a_twin_chain_are_fp16
         assert getattr(job.backend, "storage", "fp16") == (extra or {}).get("storage", "fp16")
         cands = tuple(job.catalog.candidates)
         idle = IdleFP32(job.catalog, cands)
-        assert sorted(map(sorted, idle.twins)) == [sorted(CHAIN), sorted(SHORT)]
         assert sorted(j for j, _ in idle.readers) == ["c", "q", "q2", "r", "r2", "s", "s_flat", "t", "t2", "t2b", "u"]
+        assert sorted(j for j, _ in idle.movers) == ["q2", "r", "r2", "s", "s_flat", "t", "t2", "t2b", "u"]
         rng = np.random.default_rng(5)
         changed = 0
         for _ in range(24):
@@ -88,8 +99,8 @@ def test_a_node_exact_on_fp16_inputs_is_idle_where_its_producers_are_fp16(tmp_pa
     try:
         cands = tuple(job.catalog.candidates)
         idle = IdleFP32(job.catalog, cands)
-        assert idle.twins == []
         assert [j for j, _ in idle.readers] == ["r", "mx", "fl", "q"]
+        assert [j for j, _ in idle.movers] == ["q"]  # Identity q: its one reader z
         assert idle.without({"r", "mx", "fl", "cw", "ng", "q"}) == {"cw", "ng"}  # a, b FP16: all four idle
         assert idle.without({"a", "r", "mx", "fl"}) == {"a", "r", "mx", "fl"}  # b FP16 but r FP32: mx is not idle
         assert idle.without({"b", "mx", "fl"}) == {"b", "mx", "fl"}  # r FP16 but b FP32

@@ -113,65 +113,60 @@ def single_node_twins(catalog: Catalog, candidates: Iterable[str]) -> dict[str, 
     return twin
 
 
-def twin_classes(catalog: Catalog, candidates: Iterable[str]) -> list[frozenset[str]]:
-    """The chains of `single_node_twins` as sets of two or more candidates, in candidate order of their first
-    members. A plan's values depend only on whether some member of a class is FP16, not on which: with any
-    member FP16 the chain's tensor is rounded once where it enters (rounding commutes with the chain's moves and
-    is idempotent), and nothing outside the chain reads its inner tensors."""
-    groups: dict[str, list[str]] = {}
-    for j, first in single_node_twins(catalog, candidates).items():
-        groups.setdefault(first, [first]).append(j)
-    return [frozenset(g) for g in groups.values()]
-
-
-def without_idle_twins(fp32: Iterable[str], classes: Iterable[frozenset[str]]) -> frozenset[str]:
-    """`fp32` less the members of every twin class it holds only part of: a plan with the same values
-    (`twin_classes`; keeping part of such a chain FP32 keeps nothing: its tensor is rounded at the member that is
-    FP16)."""
-    fp32 = frozenset(fp32)
-    idle = [c for c in classes if not c.isdisjoint(fp32) and not c <= fp32]
-    return fp32.difference(*idle) if idle else fp32
-
-
 class IdleFP32:
     """The FP32 members of a plan that keep nothing FP32 — the plan without them holds the same values — so a
-    search asks and reports plans without them (`without`). Two kinds:
+    search asks and reports plans without them (`without`). Two rules:
 
-    - the members of a twin chain the plan keeps only in part (`twin_classes`: rounded where the chain is FP16);
     - a node whose FP16 outputs are exact on FP16 inputs (`rules.op_rule(...).exact_outputs`: Relu, MaxPool,
-      Concat, Slice, ...) and whose every float data input an FP16 candidate stores: FP32 or FP16, it reads
+      Concat, Slice, ...) and whose every float data input an FP16 candidate writes: FP32 or FP16, it reads
       FP16 values and writes them unchanged. Not where an input is a weight (FP16 converts it), a graph input or
-      a pinned node's output (FP16 rounds them), nor Dropout (it scales in training mode).
+      a pinned node's output (FP16 rounds them), nor Dropout (it scales in training mode);
+    - a node that only moves elements (`rules.commutes_with_rounding`) of float activations, whose every float
+      output FP16 candidates alone read, as data: FP32, its readers round what it moved; FP16, it moves what it
+      rounded — the same elements. Not where an output is a graph output.
 
-    Removing such a node makes its FP16-exact readers idle in turn: one pass in topological order."""
+    Together they cover a chain of element-moving nodes kept FP32 in part (`twin_classes`): the members after an
+    FP16 one by the first rule, those before it by the second. Both rules only ever find more idle members in a
+    smaller set, so removing them until none is left gives one answer whatever the order."""
 
     def __init__(self, catalog: Catalog, candidates: Iterable[str]):
         cands = list(candidates)  # in topological order
         members = set(cands)
-        self.twins = twin_classes(catalog, cands)
-        readers = []
+        outputs = set(catalog.output_names)
+        readers, movers = [], []
         for j in cands:
             node = catalog.nodes[j]
-            if (node.domain not in ("", "ai.onnx") or node.op_type == "Dropout"
-                    or not rules.op_rule(node.op_type).exact_outputs):
+            if node.domain not in ("", "ai.onnx"):
                 continue
             data = [t for t, i in catalog.reads(j)
                     if catalog.is_float(t) and not (i is not None and catalog.is_parameter(j, i))]
+            if not data or any(t in catalog.weights for t in data):
+                continue
             producers = {catalog.producers.get(t) for t in data}
-            if data and not any(t in catalog.weights for t in data) and producers <= members:
+            if node.op_type != "Dropout" and rules.op_rule(node.op_type).exact_outputs and producers <= members:
                 readers.append((j, frozenset(producers)))
-        self.readers = tuple(readers)  # (node, the candidates that produce its float data inputs)
+            if rules.commutes_with_rounding(node.op_type, node.domain):
+                floats = [o for o in node.output if o and catalog.is_float(o)]
+                uses = [use for o in floats for use in catalog.consumers.get(o, [])]
+                if floats and uses and not outputs.intersection(floats) and all(
+                        r.name in members and i is not None and not catalog.is_parameter(r.name, i) for r, i in uses):
+                    movers.append((j, frozenset(r.name for r, _ in uses)))
+        self.readers = tuple(readers)  # (node, the candidates that write its float data inputs), in order
+        self.movers = tuple(reversed(movers))  # (node, the candidates that read its float outputs), last first
 
     def __bool__(self) -> bool:
-        return bool(self.twins or self.readers)
+        return bool(self.readers or self.movers)
 
     def without(self, fp32: Iterable[str]) -> frozenset[str]:
         """`fp32` less its idle members: a plan with the same values."""
-        kept = without_idle_twins(fp32, self.twins)
-        dropped = False
-        work = set(kept)
-        for j, producers in self.readers:
-            if j in work and producers.isdisjoint(work):
-                work.discard(j)
-                dropped = True
-        return frozenset(work) if dropped else kept
+        fp32 = frozenset(fp32)
+        work = set(fp32)
+        dropped = True
+        while dropped:  # a removal may make another node idle, by either rule: until none is left
+            dropped = False
+            for rule in (self.readers, self.movers):
+                for j, others in rule:
+                    if j in work and others.isdisjoint(work):
+                        work.discard(j)
+                        dropped = True
+        return fp32 if len(work) == len(fp32) else frozenset(work)
