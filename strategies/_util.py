@@ -179,7 +179,7 @@ def repair(ask: Asker, result: frozenset[str], order: Sequence[str] | None = Non
     Nodes of the failed proposal are tried for removal last: they are the likely culprits.
     """
     ask.phase = "verify"
-    if ask.parallel > 1 and result and result not in ask.memo:
+    if ask.parallel > 1 and result and ask.known(result) is None:
         # one round: the final check and every single removal (wasted only if the result fails)
         rank = {n: i for i, n in enumerate(order)} if order is not None else ask.index
         ask.many([result] + [result - {n} for n in sorted(result, key=rank.__getitem__)])

@@ -726,7 +726,7 @@ class Auto(GroupTesting):
                 options = [(result - {members[0], b}) | {c}]
                 if costs is not None and costs[c] < costs[heavy]:
                     options.append((result - {heavy}) | {c})
-                proposals += [p for p in options if p not in ask.memo and p not in proposals]
+                proposals += [p for p in options if ask.known(p) is None and p not in proposals]
                 if len(proposals) >= want:
                     break
             proposals = proposals[:want]

