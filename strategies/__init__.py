@@ -40,7 +40,11 @@ A strategy is a class constructible with no arguments (options are keyword argum
   ``ranking.model`` (bisector.search.vector_ranking.Prediction; absent from other providers: check with
   ``getattr``): ``model.excess(fp32)`` predicts any plan's excess, ``model.calibrate(fp32, excess)`` rescales it
   to a real verdict, ``model.eliminate(fp32)`` orders a set's members by predicted harm
-  (``Auto(predicted_shrink=True)``).
+  (``Auto(predicted_shrink=True)``);
+- ``canonical``: Callable[[frozenset[str]], frozenset[str]], the set the driver judges for a set asked: the set
+  less its idle FP32 members, which keep nothing FP32 (bisector.fp16.points.IdleFP32: the same values, so the
+  same verdict). A strategy that keys its memory by it asks each judged set once and counts what is judged
+  (the built-ins do: ``_util.Asker``); the driver reports the answer in this form either way.
 
 Nothing here imports ONNX: strategies only see names.
 """
@@ -95,8 +99,8 @@ class CountingOracle:
         self.budget = budget
         self.cache: dict[frozenset[str], bool] = {}
         self.calls: list[frozenset[str]] = []
-        # the set judged for a set asked (the driver's ``canonical`` hint: an oracle with twin chains); sets with
-        # the same one count once, as the oracle judges them once
+        # the set judged for a set asked (the driver's ``canonical`` hint: its oracle drops idle FP32 members);
+        # sets with the same one count once, as the oracle judges them once
         self._canonical = canonical
 
     @property

@@ -40,8 +40,8 @@ class Asker:
         # the ``excess`` hint: error / tolerance of a set already asked (how far it passed or failed), or None
         self._excess = excess if callable(excess) else None
         canonical = hints.get("canonical")
-        # the ``canonical`` hint: the set the oracle judges for a set asked (the same values; the driver's, where
-        # chains of element-moving nodes make sets equivalent): the memo is kept by it, so it counts what is judged
+        # the ``canonical`` hint: the set the oracle judges for a set asked (less its idle FP32 members: the same
+        # values): the memo is kept by it, so it counts what is judged
         self._canonical = canonical if callable(canonical) else None
 
     # ------------------------------------------------------------------ asking

@@ -125,8 +125,8 @@ class IdleFP32:
       output FP16 candidates alone read, as data: FP32, its readers round what it moved; FP16, it moves what it
       rounded — the same elements. Not where an output is a graph output.
 
-    Together they cover a chain of element-moving nodes kept FP32 in part (`twin_classes`): the members after an
-    FP16 one by the first rule, those before it by the second. Both rules only ever find more idle members in a
+    Together they cover a chain of element-moving nodes kept FP32 in part (the chains of `single_node_twins`):
+    the members after an FP16 one by the first rule, those before it by the second. Both rules only ever find more idle members in a
     smaller set, so removing them until none is left gives one answer whatever the order."""
 
     def __init__(self, catalog: Catalog, candidates: Iterable[str]):

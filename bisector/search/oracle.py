@@ -80,9 +80,9 @@ class Oracle:
         # `screen`: judge a new plan first on the batch item of the last failure (bisector.search.screen; in this
         # process only: plans sent to an executor's workers are judged whole)
         self.screen = Screen(backend, self.candidates, self.feeds_list, self.golden, tolerance) if screen else None
-        # A search's oracle judges every set without its idle FP32 members (`points.IdleFP32`: a twin chain kept in
-        # part, an exact reader of FP16 values): the same values, so one judgement stands for all such sets, a
-        # chain's removal is asked once, and no set a search reports keeps a node FP32 for nothing
+        # A search's oracle judges every set without its idle FP32 members (`points.IdleFP32`: an exact reader of
+        # FP16 values, an element mover for FP16 readers): the same values, so one judgement stands for all such
+        # sets, a chain's removal is asked once, and no set a search reports keeps a node FP32 for nothing
         self.idle = idle if idle else None
 
     def canonical(self, fp32) -> frozenset[str]:
