@@ -77,3 +77,34 @@ def exact_readers_model(path):
                      numpy_helper.from_array((rng.standard_normal((4, 16)) * 8).astype(np.float32), "wc")])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
     return path
+
+
+def copies_model(path):
+    """Nodes that copy elements with attributes or several inputs/outputs, after a Conv a of x: a nearest Resize
+    rn and a linear one rl (interpolates: not a copy), a reflect Pad pr and a constant Pad pc whose value 0.3 is a
+    weight (FP16 converts it), a Split sp and a Concat cc of its two halves swapped; each read by a Conv."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(13)
+    w = lambda name, *shape: numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)  # noqa: E731
+    f32 = lambda name, v: numpy_helper.from_array(np.array(v, np.float32), name)  # noqa: E731
+    i64 = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
+    conv = lambda src, name: helper.make_node("Conv", [src, f"w{name}"], [f"y{name}"], name=name)  # noqa: E731
+    nodes = [
+        helper.make_node("Conv", ["x", "wa"], ["a"], name="a", pads=[1, 1, 1, 1]),
+        helper.make_node("Resize", ["a", "", "scales"], ["rn_o"], name="rn"),  # mode: nearest by default
+        helper.make_node("Resize", ["a", "", "scales"], ["rl_o"], name="rl", mode="linear"),
+        helper.make_node("Pad", ["a", "pads"], ["pr_o"], name="pr", mode="reflect"),
+        helper.make_node("Pad", ["a", "pads", "pval"], ["pc_o"], name="pc"),
+        helper.make_node("Split", ["a"], ["s1", "s2"], name="sp", axis=1, num_outputs=2),
+        helper.make_node("Concat", ["s2", "s1"], ["cc_o"], name="cc", axis=1),
+        conv("rn_o", "b"), conv("rl_o", "c"), conv("pr_o", "d"), conv("pc_o", "e"), conv("cc_o", "f"),
+    ]
+    outs = [helper.make_tensor_value_info(f"y{n}", TensorProto.FLOAT, None) for n in "bcdef"]
+    graph = helper.make_graph(
+        nodes, "copies", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])], outs,
+        initializer=[w("wa", 4, 4, 3, 3), *(w(f"w{n}", 2, 4, 3, 3) for n in "bcdef"),
+                     f32("scales", [1, 1, 2, 2]), i64("pads", [0, 0, 1, 1, 0, 0, 1, 1]), f32("pval", 0.3)])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
+    return path

@@ -12,7 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from movement_models import exact_readers_model, movement_chain_model  # noqa: E402
+from movement_models import copies_model, exact_readers_model, movement_chain_model  # noqa: E402
 
 from bisector.app.job import open_job  # noqa: E402
 from bisector.app.options import options_from_flags  # noqa: E402
@@ -110,6 +110,34 @@ def test_a_node_exact_on_fp16_inputs_is_idle_where_its_producers_are_fp16(tmp_pa
         assert not _same_values(job, {"cw"}, set())  # a Concat of a weight: FP16 converts it
         assert not _same_values(job, {"ng", "z"}, {"z"})  # a Neg of the graph input: FP16 rounds it
         rng = np.random.default_rng(9)
+        for _ in range(16):
+            fp32 = frozenset(n for n in cands if rng.random() < 0.5)
+            assert _same_values(job, fp32, idle.without(fp32)), sorted(fp32)
+    finally:
+        job.close()
+
+
+@MODES
+def test_nodes_that_copy_elements_by_their_attributes_are_idle_where_their_neighbours_are_fp16(tmp_path, flags, extra):
+    """A nearest Resize, a reflect Pad, a Split and a Concat copy elements (`rules.copies_elements`): idle after
+    FP16 producers and before FP16 readers; a linear Resize and a Pad with a float value of its own are not (the
+    check fails for them)."""
+    job = _job(copies_model(tmp_path / "copies.onnx"), flags, extra)
+    try:
+        cands = tuple(job.catalog.candidates)
+        idle = IdleFP32(job.catalog, cands)
+        assert sorted(j for j, _ in idle.readers) == ["cc", "pr", "rn", "sp"]
+        assert sorted(j for j, _ in idle.movers) == ["cc", "pr", "rn", "sp"]
+        convs = {"a", "b", "c", "d", "e", "f"}
+        assert idle.without(convs | {"rn", "rl", "pr", "pc", "sp", "cc"}) == convs | {"rn", "rl", "pr", "pc", "sp", "cc"}
+        assert idle.without({"rn", "rl", "pr", "pc", "sp", "cc"}) == {"rl", "pc"}  # every Conv FP16
+        assert idle.without({"a", "rn", "pr", "sp", "cc"}) == {"a"}  # after a FP32: their readers are FP16
+        assert idle.without({"a", "sp", "cc", "f"}) == {"a", "sp", "cc", "f"}
+        for fp32 in ({"rn", "pr", "sp", "cc"}, {"a", "rn", "pr", "sp", "cc"}, {"sp", "f"}, {"a", "cc"}):
+            assert _same_values(job, fp32, idle.without(fp32)), fp32
+        assert not _same_values(job, {"rl", "c"}, {"c"})  # a linear Resize interpolates: FP16 rounds the result
+        assert not _same_values(job, {"pc", "e"}, {"e"})  # 0.3 is not an FP16 value
+        rng = np.random.default_rng(17)
         for _ in range(16):
             fp32 = frozenset(n for n in cands if rng.random() < 0.5)
             assert _same_values(job, fp32, idle.without(fp32)), sorted(fp32)

@@ -118,11 +118,12 @@ class IdleFP32:
     search asks and reports plans without them (`without`). Two rules:
 
     - a node whose FP16 outputs are exact on FP16 inputs (`rules.op_rule(...).exact_outputs`: Relu, MaxPool,
-      Concat, Slice, ...) and whose every float data input an FP16 candidate writes: FP32 or FP16, it reads
-      FP16 values and writes them unchanged. Not where an input is a weight (FP16 converts it), a graph input or
-      a pinned node's output (FP16 rounds them), nor Dropout (it scales in training mode);
-    - a node that only moves elements (`rules.commutes_with_rounding`) of float activations, whose every float
-      output FP16 candidates alone read, as data: FP32, its readers round what it moved; FP16, it moves what it
+      Concat, Slice, ...; or `rules.copies_elements`: a nearest Resize, a Pad of zeros, ...) and whose every
+      float data input an FP16 candidate writes: FP32 or FP16, it reads FP16 values and writes them unchanged.
+      Not where an input is a weight (FP16 converts it), a graph input or a pinned node's output (FP16 rounds
+      them), nor Dropout (it scales in training mode);
+    - a node that only copies elements (`rules.copies_elements`) of float activations, whose every float output
+      FP16 candidates alone read, as data: FP32, its readers round what it copied; FP16, it copies what it
       rounded — the same elements. Not where an output is a graph output.
 
     Together they cover a chain of element-moving nodes kept FP32 in part (the chains of `single_node_twins`):
@@ -143,9 +144,11 @@ class IdleFP32:
             if not data or any(t in catalog.weights for t in data):
                 continue
             producers = {catalog.producers.get(t) for t in data}
-            if node.op_type != "Dropout" and rules.op_rule(node.op_type).exact_outputs and producers <= members:
+            copies = rules.copies_elements(node)
+            exact = copies or (node.op_type != "Dropout" and rules.op_rule(node.op_type).exact_outputs)
+            if exact and producers <= members:
                 readers.append((j, frozenset(producers)))
-            if rules.commutes_with_rounding(node.op_type, node.domain):
+            if copies:
                 floats = [o for o in node.output if o and catalog.is_float(o)]
                 uses = [use for o in floats for use in catalog.consumers.get(o, [])]
                 if floats and uses and not outputs.intersection(floats) and all(

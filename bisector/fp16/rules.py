@@ -177,6 +177,32 @@ def commutes_with_rounding(op_type: str, domain: str = "") -> bool:
     return op_type in ROUNDING_COMMUTES and domain in ("", "ai.onnx")
 
 
+def copies_elements(node) -> bool:
+    """Whether every float output of `node` holds copies of its float data inputs' elements, nothing computed, so
+    rounding its inputs before equals rounding its outputs after, and on FP16 inputs it writes FP16 values: the
+    ROUNDING_COMMUTES ops, Concat and Split (several inputs or outputs), Resize and Upsample in nearest mode
+    (not `tf_crop_and_resize`, which fills with a float attribute), and Pad where it adds no float value of its
+    own (reflect, edge or wrap, or constant with no constant_value input: zeros). `points.IdleFP32` relies on it."""
+    if node.domain not in ("", "ai.onnx"):
+        return False
+    op = node.op_type
+    if op in ROUNDING_COMMUTES or op in ("Concat", "Split"):
+        return True
+    attrs = {a.name: a for a in node.attribute}
+
+    def text(name: str, default: str) -> str:
+        a = attrs.get(name)
+        return a.s.decode("utf-8", "replace") if a is not None else default
+
+    if op in ("Resize", "Upsample"):
+        return text("mode", "nearest") == "nearest" and text("coordinate_transformation_mode", "") != "tf_crop_and_resize"
+    if op == "Pad":
+        mode = text("mode", "constant")
+        return mode in ("reflect", "edge", "wrap") or (
+            mode == "constant" and (len(node.input) < 3 or not node.input[2]) and "value" not in attrs)
+    return False
+
+
 # ---- BF16 storage (`run --trt --bf16`): the same rules with bfloat16's range and precision --------------------------
 BF16_MAX = float.fromhex("0x1.fep127")  # 3.3895e38
 BF16_MIN_SUBNORMAL = 2.0**-133
