@@ -33,7 +33,9 @@ def convert(model: str | Path, output: str | Path | None, *, fp16: bool = False,
         raise UsageError(f"convert: option(s) {' '.join(extra_args)} apply to TensorRT builds only")
     if convert_to not in (None, "onnx") or output.suffix != ".onnx":
         raise UsageError(f"convert -o {output}: bisector writes ONNX only (-o FILE.onnx)")
-    from bisector.artifacts.write import mixed_model_files
+    import onnx
+
+    from bisector.artifacts.write import mixed_files_or_note
     from bisector.files import write_file_atomic
     from bisector.fp16.plan import Plan
     from bisector.model.catalog import Catalog
@@ -50,6 +52,9 @@ def convert(model: str | Path, output: str | Path | None, *, fp16: bool = False,
         keep |= set(layer_precisions_to_plan(cat, specs))
     plan = Plan(frozenset(n for n in keep if n in cat.candidates), cat.candidates) if fp16 else \
         Plan.all_fp32(cat.candidates)
-    for path, fill in mixed_model_files(cat, plan, Path(output)):  # external data first, the model last
+    files, note = mixed_files_or_note(cat, plan, Path(output))  # unchecked where the model itself fails the checker
+    if not files:  # the model passes the checker and its mixed copy does not: a bisector bug
+        raise onnx.checker.ValidationError(note.strip())
+    for path, fill in files:  # external data first, the model last
         write_file_atomic(path, fill)
     return output

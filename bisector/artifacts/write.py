@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Callable, Mapping
@@ -13,6 +14,7 @@ from onnx import TensorProto, numpy_helper
 
 from bisector.model import catalog as _catalog
 from bisector.model.catalog import Catalog
+from bisector.model.graph import weightless_copy
 from bisector.errors import UsageError
 from bisector.fp16.mixed import build_mixed_detached
 from bisector.model import weights as weight_store
@@ -61,7 +63,10 @@ def write_artifacts(out_dir: Path, catalog: Catalog, constraints: Constraints, e
     # one first, so that a run that fails half way (disk full) never leaves new artifacts beside an old one.
     # Build everything in memory first: a failure here leaves no artifact of this run behind.
     if mixed:
-        mixed_files = mixed_model_files(catalog, frozenset(fp32), paths["mixed"], rounded, prewritten)
+        mixed_files, note = mixed_files_or_note(catalog, frozenset(fp32), paths["mixed"], rounded, prewritten)
+        extra_report += note
+        if not mixed_files:
+            logging.getLogger("bisector").error("%s; the other artifacts are written", note.strip().replace("**", ""))
     else:
         if prewritten is not None:
             prewritten.discard()
@@ -95,8 +100,46 @@ def write_artifacts(out_dir: Path, catalog: Catalog, constraints: Constraints, e
     return paths
 
 
+def mixed_files_or_note(catalog: Catalog, plan, path: Path, rounded: Mapping[str, np.ndarray] | None = None,
+                        prewritten: "WeightPrewrite | None" = None) -> tuple[list[tuple[Path, Callable]], str]:
+    """`mixed_model_files`, and where onnx.checker rejects the mixed model, `_unchecked_mixed`'s files (none where
+    the fault is bisector's) and the sentence report.md adds ("" when checked)."""
+    try:
+        return mixed_model_files(catalog, plan, path, rounded, prewritten), ""
+    except onnx.checker.ValidationError as exc:
+        return _unchecked_mixed(catalog, plan, path, rounded, prewritten, exc)
+
+
+def _unchecked_mixed(catalog: Catalog, plan, path: Path, rounded, prewritten, exc: Exception
+                     ) -> tuple[list[tuple[Path, Callable]], str]:
+    """The mixed model where onnx.checker rejected it. A model ONNX Runtime runs may fail the checker itself (a
+    graph output declared with a type and no shape, an attribute of another opset): then the mixed model
+    inherits the defect and is written unchecked, with a warning and a sentence for report.md. Where the model
+    passes and only the mixed one fails, the fault is bisector's: no files, and the sentence says so (the search's
+    answer is not lost for one artifact: `write_artifacts` writes the others)."""
+    if prewritten is not None:  # a failed check may have dropped its file already: written afresh below
+        prewritten.discard()
+    try:  # the weights as typed inputs (their bytes are not the question, and not loaded)
+        _check_without_external_data(weightless_copy(catalog.model))
+    except onnx.checker.ValidationError as own:
+        logging.getLogger("bisector").warning("the model itself fails onnx.checker (%s): %s is written unchecked",
+                                              _first_line(own), path.name)
+        files = mixed_model_files(catalog, plan, path, rounded, None, check=False)
+        return files, (f"\n\n**{path.name} is written unchecked:** the model itself fails onnx.checker "
+                       f"(`{_first_line(own)}`), and its mixed copy inherits that.\n")
+    for stale in (path, path.with_name(path.name + ".data")):
+        remove_file(stale)
+    return [], (f"\n\n**{path.name} was not written:** it failed onnx.checker (`{_first_line(exc)}`) though the "
+                "model passes it: a bisector bug, please report it. The FP32 set above is as judged; `bisector "
+                "convert` writes the mixed model once it is fixed.\n")
+
+
+def _first_line(exc: Exception) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+
+
 def mixed_model_files(catalog: Catalog, plan, path: Path, rounded: Mapping[str, np.ndarray] | None = None,
-                      prewritten: "WeightPrewrite | None" = None) -> list[tuple[Path, Callable]]:
+                      prewritten: "WeightPrewrite | None" = None, check: bool = True) -> list[tuple[Path, Callable]]:
     """The mixed model of `plan` as files to write, checked with onnx.checker before anything is written: one
     .onnx; or .onnx + .onnx.data when its weights pass `data_file.EXTERNAL_DATA_FROM_BYTES` or the model would pass
     protobuf's 2 GB, the data streamed from the arrays. `prewritten`: the data file begun while the search ran
@@ -106,23 +149,23 @@ def mixed_model_files(catalog: Catalog, plan, path: Path, rounded: Mapping[str, 
     if data_file.stays_one_file(model, values):
         if prewritten is not None:
             prewritten.discard()
-        return [_one_file(model, values, path)]
-    return _external_files(model, values, path, prewritten)
+        return [_one_file(model, values, path, check)]
+    return _external_files(model, values, path, prewritten, check)
 
 
-def _one_file(model: onnx.ModelProto, values: dict, path: Path) -> tuple[Path, Callable]:
+def _one_file(model: onnx.ModelProto, values: dict, path: Path, check: bool = True) -> tuple[Path, Callable]:
     """One .onnx, streamed from the arrays (`weights.Serialized`): the checker sees the graph with the stubs as
     typed inputs (the weight bytes are numpy's, written as they are)."""
-    if values:
+    if check and values:
         _check_without_external_data(model)
-    else:  # no stubs: the model as it is (no copy of it to check)
+    elif check:  # no stubs: the model as it is (no copy of it to check)
         onnx.checker.check_model(model)
     data = weight_store.Serialized(model, values)
     return path, data.write
 
 
 def _external_files(model: onnx.ModelProto, values: dict, path: Path,
-                    prewritten: "WeightPrewrite | None" = None) -> list[tuple[Path, Callable]]:
+                    prewritten: "WeightPrewrite | None" = None, check: bool = True) -> list[tuple[Path, Callable]]:
     """`model` as .onnx + .onnx.data: the stubs' `values` and inline initializers from `data_file.EXTERNAL_MIN_BYTES` up go
     to the data file, written straight from the arrays (after a prewritten file's content, reusing its weights)."""
     data_path = path.with_name(path.name + ".data")
@@ -151,7 +194,8 @@ def _external_files(model: onnx.ModelProto, values: dict, path: Path,
     try:
         if model.ByteSize() > _catalog.PROTOBUF_LIMIT:
             raise UsageError("the mixed model is beyond 2 GB even without its weights; it cannot be saved as ONNX")
-        _check_without_external_data(model)
+        if check:
+            _check_without_external_data(model)
     except BaseException:
         if into is not None:  # the prewritten file goes with the model that cannot be written
             into.discard()
