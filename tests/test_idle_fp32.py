@@ -60,6 +60,19 @@ def _same_values(job, a, b) -> bool:
     return all(np.array_equal(one[o], two[o]) for o in job.catalog.output_names)
 
 
+def _random_plans_hold_their_values(job, idle, seed: int, count: int = 16, p: float = 0.5) -> int:
+    """Random plans (each candidate FP32 with probability `p`) against their idle-free forms, bit for bit; the
+    number of plans that had idle members."""
+    cands = tuple(job.catalog.candidates)
+    rng = np.random.default_rng(seed)
+    changed = 0
+    for _ in range(count):
+        fp32 = frozenset(n for n in cands if rng.random() < p)
+        changed += idle.without(fp32) != fp32
+        assert _same_values(job, fp32, idle.without(fp32)), sorted(fp32)
+    return changed
+
+
 @MODES
 def test_a_plan_holds_the_same_values_whichever_members_of_a_twin_chain_are_fp16(tmp_path, flags, extra):
     """Random plans against the same plans without their idle members, bit for bit on every output; every part of
@@ -71,14 +84,7 @@ def test_a_plan_holds_the_same_values_whichever_members_of_a_twin_chain_are_fp16
         idle = IdleFP32(job.catalog, cands)
         assert sorted(j for j, _ in idle.readers) == ["c", "q", "q2", "r", "r2", "s", "s_flat", "t", "t2", "t2b", "u"]
         assert sorted(j for j, _ in idle.movers) == ["q2", "r", "r2", "s", "s_flat", "t", "t2", "t2b", "u"]
-        rng = np.random.default_rng(5)
-        changed = 0
-        for _ in range(24):
-            fp32 = frozenset(n for n in cands if rng.random() < 0.5)
-            canon = idle.without(fp32)
-            changed += canon != fp32
-            assert _same_values(job, fp32, canon), sorted(fp32)
-        assert changed >= 12  # most random plans hold idle members: the check above is not vacuous
+        assert _random_plans_hold_their_values(job, idle, 5, 24) >= 12  # most have idle members: not vacuous
         everything = frozenset(cands)
         members = sorted(CHAIN)
         for k in range(1, 1 << len(members)):
@@ -109,10 +115,7 @@ def test_a_node_exact_on_fp16_inputs_is_idle_where_its_producers_are_fp16(tmp_pa
             assert _same_values(job, fp32, idle.without(fp32)), fp32
         assert not _same_values(job, {"cw"}, set())  # a Concat of a weight: FP16 converts it
         assert not _same_values(job, {"ng", "z"}, {"z"})  # a Neg of the graph input: FP16 rounds it
-        rng = np.random.default_rng(9)
-        for _ in range(16):
-            fp32 = frozenset(n for n in cands if rng.random() < 0.5)
-            assert _same_values(job, fp32, idle.without(fp32)), sorted(fp32)
+        assert _random_plans_hold_their_values(job, idle, 9) >= 4
     finally:
         job.close()
 
@@ -137,10 +140,7 @@ def test_nodes_that_copy_elements_by_their_attributes_are_idle_where_their_neigh
             assert _same_values(job, fp32, idle.without(fp32)), fp32
         assert not _same_values(job, {"rl", "c"}, {"c"})  # a linear Resize interpolates: FP16 rounds the result
         assert not _same_values(job, {"pc", "e"}, {"e"})  # 0.3 is not an FP16 value
-        rng = np.random.default_rng(17)
-        for _ in range(16):
-            fp32 = frozenset(n for n in cands if rng.random() < 0.5)
-            assert _same_values(job, fp32, idle.without(fp32)), sorted(fp32)
+        assert _random_plans_hold_their_values(job, idle, 17) >= 4
     finally:
         job.close()
 
@@ -229,12 +229,7 @@ def test_idle_members_hold_the_same_values_on_registry_models(name):
     try:
         cands = tuple(job.catalog.candidates)
         idle = IdleFP32(job.catalog, cands)
-        rng = np.random.default_rng(11)
-        changed = 0
-        for p in (0.5, 0.5, 0.5, 0.9, 0.9, 0.9):
-            fp32 = frozenset(n for n in cands if rng.random() < p)
-            changed += idle.without(fp32) != fp32
-            assert _same_values(job, fp32, idle.without(fp32)), (name, p)
+        changed = sum(_random_plans_hold_their_values(job, idle, 11 + k, 3, p) for k, p in enumerate((0.5, 0.9)))
         assert changed >= 4
     finally:
         job.close()
