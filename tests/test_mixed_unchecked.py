@@ -79,3 +79,38 @@ def test_convert_writes_the_mixed_copy_of_a_model_that_fails_the_checker(tmp_pat
     assert any(n.op_type == "Cast" for n in mixed.graph.node)  # MatMul FP16: its output cast back for Tanh
     sess = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     assert sess.run(None, {"x": np.ones((4, 8), np.float32)})[0].shape == (4, 8)
+
+
+@pytest.mark.parametrize("bug", [False, True], ids=["model-fails", "mixed-fails"])
+def test_the_external_data_path_with_a_prewritten_file(tmp_path, monkeypatch, bug):
+    """The same two paths where the mixed model is .onnx + .onnx.data and its data file was begun during the
+    search (artifacts.prewrite): unchecked, it loads with its weights; left out, neither file nor a temporary
+    remains."""
+    from bisector.artifacts import data_file, write
+    from bisector.model import weights as weight_store
+
+    monkeypatch.setattr(weight_store, "DETACH_MIN_BYTES", 64)
+    monkeypatch.setattr(data_file, "EXTERNAL_DATA_FROM_BYTES", 0)
+    if bug:
+        real = write.build_mixed_detached
+
+        def broken(catalog, plan, rounded=None):
+            model, values = real(catalog, plan, rounded)
+            model.graph.node[0].input[0] = "nowhere"
+            return model, values
+
+        monkeypatch.setattr(write, "build_mixed_detached", broken)
+        model = Path(__file__).resolve().parent.parent / "fixtures" / "exported" / "cnn.onnx"
+    else:
+        model = _shapeless_output_model(tmp_path / "shapeless.onnx")
+    out = tmp_path / "out"
+    r = precision(model, output_dir=out, atol=1e-1, rtol=1e-1, no_cache=True)
+    assert r.passed
+    names = sorted(p.name for p in out.iterdir())
+    assert "constraints.json" in names and not any(n.endswith(".tmp") for n in names), names
+    if bug:
+        assert "model.mixed.onnx" not in names and "model.mixed.onnx.data" not in names
+    else:
+        assert {"model.mixed.onnx", "model.mixed.onnx.data"} <= set(names)
+        sess = ort.InferenceSession(str(out / "model.mixed.onnx"), providers=["CPUExecutionProvider"])
+        assert sess.run(None, {"x": np.ones((4, 8), np.float32)})[0].shape == (4, 8)
