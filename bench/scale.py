@@ -164,6 +164,90 @@ def transformer_model(layers: int = 48, d: int = 768, seq: int = 64, heads: int 
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=9), []
 
 
+def vae_decoder_model(latent: int = 64, channels: tuple[int, ...] = (64, 64, 32, 16), groups: int = 8,
+                      blocks: int = 2) -> onnx.ModelProto:
+    """A Stable-Diffusion-style VAE decoder (issue 14 names diffusion VAEs), random weights: a 4-channel latent of
+    `latent`² to an RGB image 2^(len(channels)-1) times larger. As torch exports it at opset 17: GroupNorm as
+    Reshape -> InstanceNormalization -> Reshape -> Mul -> Add, SiLU as x * Sigmoid(x), nearest Resize then a
+    3x3 Conv per upsampling, ResNet blocks with 1x1 shortcuts where the width changes, and one self-attention
+    over every latent position in the middle (4096 tokens at 64²: a 64 MB score matrix). Its activations grow
+    toward the output (16 channels at 512²: 16 MB a tensor), as a real decoder's do."""
+    rng = np.random.default_rng(3)
+    nodes, inits = [], []
+    count = [0]
+
+    def name(p: str) -> str:
+        count[0] += 1
+        return f"{p}_{count[0]}"
+
+    def const(value, dtype=np.float32) -> str:
+        n = name("c")
+        inits.append(numpy_helper.from_array(np.asarray(value, dtype), n))
+        return n
+
+    def node(op, ins, p, **kw) -> str:
+        out = name(p)
+        nodes.append(helper.make_node(op, ins, [out], name=out, **kw))
+        return out
+
+    def conv(x, cin, cout, k=3) -> str:
+        wt = const(rng.standard_normal((cout, cin, k, k)) / np.sqrt(cin * k * k))
+        b = const(rng.standard_normal(cout) * 0.01)
+        return node("Conv", [x, wt, b], "conv", pads=[k // 2] * 4)
+
+    def group_norm(x, c) -> str:
+        r = node("Reshape", [x, const([0, groups, -1], np.int64)], "gn_reshape")
+        n = node("InstanceNormalization", [r, const(np.ones(groups)), const(np.zeros(groups))], "gn_inorm",
+                 epsilon=1e-6)
+        s = node("Reshape", [n, node("Shape", [x], "gn_shape")], "gn_back")
+        g = node("Mul", [s, const(1 + rng.standard_normal((c, 1, 1)) * 0.1)], "gn_gamma")
+        return node("Add", [g, const(rng.standard_normal((c, 1, 1)) * 0.1)], "gn_beta")
+
+    def silu(x) -> str:
+        return node("Mul", [x, node("Sigmoid", [x], "silu_sigmoid")], "silu")
+
+    def resnet(x, cin, cout) -> str:
+        h = conv(silu(group_norm(x, cin)), cin, cout)
+        h = conv(silu(group_norm(h, cout)), cout, cout)
+        skip = x if cin == cout else conv(x, cin, cout, k=1)
+        return node("Add", [skip, h], "res_add")
+
+    def attention(x, c, hw) -> str:
+        h = group_norm(x, c)
+        flat = node("Transpose", [node("Reshape", [h, const([1, c, hw * hw], np.int64)], "attn_flat")], "attn_t",
+                    perm=[0, 2, 1])
+        q, k, v = (node("MatMul", [flat, const(rng.standard_normal((c, c)) / np.sqrt(c))], f"attn_{p}")
+                   for p in "qkv")
+        kt = node("Transpose", [k], "attn_kt", perm=[0, 2, 1])
+        s = node("Mul", [node("MatMul", [q, kt], "attn_scores"), const(1 / np.sqrt(c))], "attn_scale")
+        o = node("MatMul", [node("Softmax", [s], "attn_softmax", axis=-1), v], "attn_out")
+        o = node("MatMul", [o, const(rng.standard_normal((c, c)) / np.sqrt(c))], "attn_proj")
+        o = node("Reshape", [node("Transpose", [o], "attn_back", perm=[0, 2, 1]), const([1, c, hw, hw], np.int64)],
+                 "attn_unflat")
+        return node("Add", [x, o], "attn_res")
+
+    x = conv("z", 4, channels[0])
+    x = resnet(x, channels[0], channels[0])
+    x = attention(x, channels[0], latent)
+    x = resnet(x, channels[0], channels[0])
+    size, cin = latent, channels[0]
+    for level, cout in enumerate(channels):
+        for _ in range(blocks):
+            x = resnet(x, cin, cout)
+            cin = cout
+        if level < len(channels) - 1:
+            x = node("Resize", [x, "", const([1, 1, 2, 2])], "upsample", mode="nearest")
+            x = conv(x, cin, cin)
+            size *= 2
+    x = conv(silu(group_norm(x, cin)), cin, 3)
+    nodes[-1].output[0] = "image"
+    g = helper.make_graph(nodes, "vae_decoder",
+                          [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 4, latent, latent])],
+                          [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, size, size])],
+                          initializer=inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
 def save(model: onnx.ModelProto, path: Path, external: bool = False) -> Path:
     if external:
         onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,

@@ -946,3 +946,37 @@ def test_blocks_hold_at_most_a_budget_of_conv_weights_and_evaluate_the_same(monk
         fused, single = be.run(plan, x), be.run_all(plan, x)
         for k in cat.output_names:
             assert np.array_equal(fused[k], single[k], equal_nan=True)
+
+
+def test_the_vae_decoder_bench_model_runs_and_its_fused_blocks_agree_node_by_node():
+    """bench/scale.py's VAE decoder (issue 14 names diffusion VAEs; twenty-seventh round): torch's GroupNorm
+    pattern (a Reshape whose target is a Shape node's output, across block boundaries), nearest upsampling and a
+    self-attention. Its output is 2^(levels-1) times the latent; fused block variants give the same bits as the
+    node-by-node run for random plans."""
+    import scale
+
+    model = scale.vae_decoder_model(latent=8, channels=(8, 4), groups=4, blocks=1)
+    import onnx
+
+    onnx.checker.check_model(model)
+    cat = Catalog.from_model(model)
+    z = {"z": np.random.default_rng(3).uniform(-1, 1, (1, 4, 8, 8)).astype(np.float32)}
+    be = EmulateBackend(block_size=5)
+    be.open(cat)
+    for plan in _plans(cat, 5, seed=3):
+        fused = be.run(plan, z)["image"]
+        assert fused.shape == (1, 3, 16, 16)
+        np.testing.assert_array_equal(fused, be.run_all(plan, z)["image"])
+    be.close()
+
+
+def test_a_search_on_the_vae_decoder_bench_model_passes_and_is_one_minimal(tmp_path):
+    """At 3e-3 all-FP16 fails on the small decoder (18 of its nodes stay FP32, ~110 evaluations): a real search."""
+    import bisector
+    import onnx
+    import scale
+
+    path = tmp_path / "vae.onnx"
+    onnx.save(scale.vae_decoder_model(latent=8, channels=(8, 4), groups=4, blocks=1), path)
+    r = bisector.precision(path, atol=3e-3, rtol=3e-3, val_range={"z": (-1, 1)}, no_cache=True)
+    assert r.passed and r.minimal and r.fp32_nodes
