@@ -953,11 +953,10 @@ def test_the_vae_decoder_bench_model_runs_and_its_fused_blocks_agree_node_by_nod
     pattern (a Reshape whose target is a Shape node's output, across block boundaries), nearest upsampling and a
     self-attention. Its output is 2^(levels-1) times the latent; fused block variants give the same bits as the
     node-by-node run for random plans."""
+    import onnx
     import scale
 
     model = scale.vae_decoder_model(latent=8, channels=(8, 4), groups=4, blocks=1)
-    import onnx
-
     onnx.checker.check_model(model)
     cat = Catalog.from_model(model)
     z = {"z": np.random.default_rng(3).uniform(-1, 1, (1, 4, 8, 8)).astype(np.float32)}
