@@ -5,6 +5,7 @@
 # speechmos 0.0.1.1); writes to $OUT. ONLY=<name> runs one case.
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 M=$(pwd)/.device-gpu/models/audio
+HERE=$(cd "$(dirname "$0")" && pwd)  # this script's folder (compare_sets.py)
 cd /tmp
 b() { python3 -m bisector.cli "$@"; }
 timed() {  # label cmd...: the command's wall time on its own line, then its summary lines
@@ -19,13 +20,7 @@ pair() {  # name model flags...: emulate search, ort-cuda search, emulate's set 
   timed "emulate" b precision $m --fp16 "$@" --no-cache -o $OUT/e_$n
   timed "ort-cuda" b precision $m --fp16 "$@" --no-cache --backend ort-cuda -o $OUT/g_$n
   b verify $m --fp16 "$@" --no-cache --backend ort-cuda --constraints $OUT/e_$n/constraints.json 2>&1 | tail -2
-  python3 - "$OUT/e_$n/constraints.json" "$OUT/g_$n/constraints.json" <<'PY'
-import json, sys
-e, g = (json.load(open(p)) for p in sys.argv[1:])
-print("sets: emulate %d, ort-cuda %d, common %d; evaluations %s / %s" % (
-    len(e["fp32_nodes"]), len(g["fp32_nodes"]), len(set(e["fp32_nodes"]) & set(g["fp32_nodes"])),
-    e["evaluations"]["new"], g["evaluations"]["new"]))
-PY
+  python3 "$HERE/compare_sets.py" "$OUT/e_$n/constraints.json" "$OUT/g_$n/constraints.json"
 }
 BP="--input-shapes serving_default_input_2:0:[1,43844,1]"
 pair bp-1e-2 $M/nmp.onnx $BP --atol 1e-2 --rtol 1e-2

@@ -5,6 +5,7 @@
 # ort-cuda. Run from the repository root after the chunk calls (scripts/device/README.md), carrying
 # .device-gpu/code; writes to $OUT. ONLY=<name> runs one case.
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+HERE=$(cd "$(dirname "$0")" && pwd)  # this script's folder (compare_sets.py)
 SRC=$(pwd)/.device-gpu/code/src
 G=/tmp/users
 mkdir -p $G
@@ -56,13 +57,7 @@ pair() {  # name model flags...
   timed "emulate" python3 -m bisector.cli precision $m --fp16 "$@" --no-cache -o $OUT/e_$n
   timed "ort-cuda" python3 -m bisector.cli precision $m --fp16 "$@" --no-cache --backend ort-cuda -o $OUT/g_$n
   b verify $m --fp16 "$@" --no-cache --backend ort-cuda --constraints $OUT/e_$n/constraints.json 2>&1 | tail -2
-  python3 - "$OUT/e_$n/constraints.json" "$OUT/g_$n/constraints.json" <<'PY'
-import json, sys
-e, g = (json.load(open(p)) for p in sys.argv[1:])
-print("sets: emulate %d, ort-cuda %d, common %d; evaluations %s / %s" % (
-    len(e["fp32_nodes"]), len(g["fp32_nodes"]), len(set(e["fp32_nodes"]) & set(g["fp32_nodes"])),
-    e["evaluations"]["new"], g["evaluations"]["new"]))
-PY
+  python3 "$HERE/compare_sets.py" "$OUT/e_$n/constraints.json" "$OUT/g_$n/constraints.json"
 }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 nproc
