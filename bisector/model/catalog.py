@@ -29,6 +29,7 @@ from bisector.model.graph import (
     inner_nodes,
     node_reads,
     outer_scope_inputs,
+    sort_topologically,
     unique_node_names,
     weight_values,
 )
@@ -105,6 +106,16 @@ class Catalog:
         graph = model.graph
         if not graph.node:
             raise UsageError(f"{path or 'model'}: the graph has no nodes")
+        try:
+            reordered = sort_topologically(graph)
+        except ValueError as exc:
+            raise UsageError(f"{path or 'model'}: {exc}; not a model ONNX Runtime can run") from None
+        if reordered:
+            # Everything downstream (blocks, cones, the mixed model) walks nodes in order, so the catalog holds
+            # the sorted graph; the file itself is never changed, and the mixed model comes out in valid order
+            log.warning("%s: the nodes are not in topological order as ONNX requires (ONNX Runtime sorts them "
+                        "itself); bisector sorted them (%d graph%s)", path or "model", reordered,
+                        "" if reordered == 1 else "s")
         names = _assign_unique_names(graph)
         inferred = _infer_types(model)
         _drop_stale_value_info(model, inferred)

@@ -64,6 +64,67 @@ def outer_scope_inputs(node: onnx.NodeProto) -> tuple[str, ...]:
     return tuple(free)
 
 
+def sort_topologically(graph: onnx.GraphProto) -> int:
+    """Put the graph's nodes, and its subgraphs' recursively, in topological order, in place; returns how many
+    graphs were reordered (0: all were in order, nothing changed).
+
+    ONNX requires that order, but ONNX Runtime and TensorRT's parser sort a graph themselves, so files out of
+    order run and ship: onnxconverter-common's FP16 conversion with `keep_io_types` appends its input Casts after
+    the nodes that read them (@imgly/background-removal-data's IS-Net model on npm is one). Every walk here reads
+    nodes in file order. The sort is stable (Kahn's algorithm, ties by file position): a graph in order keeps it.
+    A node with a subgraph depends on the producers of what its subgraph reads from outside. Names no node of the
+    graph produces (inputs, initializers, the enclosing scope's) are available from the start. A cycle raises
+    ValueError (the caller names the model)."""
+    moved = 0
+    for node in graph.node:
+        for g in subgraphs(node):
+            moved += sort_topologically(g)
+    nodes = list(graph.node)
+    producer: dict[str, int] = {}
+    for i, node in enumerate(nodes):
+        for t in node.output:
+            if t:
+                producer.setdefault(t, i)
+    needs: list[set[int]] = []
+    in_order = True
+    for i, node in enumerate(nodes):
+        reads = list(node.input) + (list(outer_scope_inputs(node)) if has_subgraph(node) else [])
+        deps = {producer[t] for t in reads if t in producer} - {i}
+        needs.append(deps)
+        in_order = in_order and all(d < i for d in deps)
+    if in_order:
+        return moved
+    import heapq
+
+    readers: dict[int, list[int]] = {}
+    waiting = [len(d) for d in needs]
+    for i, deps in enumerate(needs):
+        for d in deps:
+            readers.setdefault(d, []).append(i)
+    ready = [i for i, w in enumerate(waiting) if w == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for r in readers.get(i, ()):
+            waiting[r] -= 1
+            if waiting[r] == 0:
+                heapq.heappush(ready, r)
+    if len(order) < len(nodes):
+        stuck = next(nodes[i] for i in range(len(nodes)) if waiting[i] > 0)
+        raise ValueError(f"the graph{' ' + repr(graph.name) if graph.name else ''} has a cycle: node "
+                         f"{stuck.name or stuck.op_type!r} depends on its own outputs")
+    copies = []
+    for i in order:  # copied before the field is cleared: the messages in `nodes` belong to it
+        c = onnx.NodeProto()
+        c.CopyFrom(nodes[i])
+        copies.append(c)
+    del graph.node[:]
+    graph.node.extend(copies)
+    return moved + 1
+
+
 def graph_reads(graph: onnx.GraphProto) -> set[str]:
     """Every name a graph (and its subgraphs) reads, plus its outputs."""
     names = {o.name for o in graph.output}
