@@ -38,3 +38,42 @@ def test_integer_outputs_compare_exactly_as_polygraphy(dtype, stat):
         assert got.passed == want, (a, g, kw, stat)
     c = bisector_passes(actual, golden, atol=0.0, rtol=0.0)
     assert c.required_abs == 1.0 and c.mismatches == 1
+
+
+def _identity_model(path, values: np.ndarray):
+    import onnx
+    from onnx import helper, numpy_helper
+
+    x = helper.make_tensor_value_info("x", helper.np_dtype_to_tensor_dtype(values.dtype), list(values.shape))
+    y = helper.make_tensor_value_info("y", helper.np_dtype_to_tensor_dtype(values.dtype), list(values.shape))
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"], name="id")], "g", [x], [y])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_onnxrt_against_loaded_outputs_divides_by_the_loaded_like_polygraphy(tmp_path):
+    """`run --onnxrt --load-outputs F`: Polygraphy compares the live run with F, reldiff relative to F; bisector
+    took its live onnxrt run as the reference, so a golden zero (rel = x / eps) passed an --rtol it fails."""
+    import subprocess
+    import sys
+
+    from polygraphy.comparator import IterationResult, RunResults
+    from polygraphy.json import save_json
+
+    from .conftest import main_cli
+
+    live = np.array([0.5, 1.0, 2.0, 3.0], np.float32)
+    model = _identity_model(tmp_path / "m.onnx", live)
+    save_json([{"x": live}], str(tmp_path / "in.json"))
+    golden = RunResults()
+    golden.append(("onnxrt-runner-N0-gold", [IterationResult({"y": np.array([0.0, 1.0, 2.0, 3.0], np.float32)},
+                                                            runner_name="onnxrt-runner-N0-gold")]))
+    golden.save(str(tmp_path / "gold.json"))
+    common = [model, "--onnxrt", "--load-inputs", tmp_path / "in.json", "--load-outputs", tmp_path / "gold.json",
+              "--atol", "0", "--rtol", "1"]
+    poly = subprocess.run([str(__import__("pathlib").Path(sys.executable).parent / "polygraphy"), "run",
+                           *map(str, common)], capture_output=True, text=True)
+    assert poly.returncode == 1, poly.stdout + poly.stderr
+    assert main_cli("run", *common, "--cache-dir", tmp_path / "cache") == 1
+    # --trt --onnxrt --load-outputs: trt vs onnxrt, then onnxrt vs the file (Polygraphy's chain)
+    assert main_cli("run", *common, "--trt", "--cache-dir", tmp_path / "cache") == 1

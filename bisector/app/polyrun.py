@@ -5,6 +5,8 @@ runner (evaluated on --backend, emulate by default), compared like `polygraphy r
 - `--trt` alone runs the plan: FP32 unless --fp16/--bf16, as a TensorRT build is; `--layer-precisions` and
   `--trt-npps` keep layers FP32; compared with `--load-outputs` when given.
 - both: the trt runner is compared with the onnxrt runner (the reference, so reldiff is relative to FP32).
+- `--load-outputs`: the loaded runner is the reference of the run before it (`--onnxrt` if given, else `--trt`),
+  as in Polygraphy, which compares each run with the next.
 - `--trt-outputs/--onnx-outputs NAMES | mark all`: the runners return exactly those tensors (graph outputs are not
   added), and every tensor both runners return is compared, in topological order.
 Commands that need real TensorRT (an engine, a network script) are a UsageError that says so.
@@ -146,15 +148,17 @@ def polyrun(model: str | Path, fp32: Iterable[str] = (), *, constraints: str | P
 
     invalid = _validate(results, report) if comparison.validate else []
 
-    golden = reference or loaded
+    # Polygraphy compares each run with the next, the later one the reference (reldiff divides by it), loaded
+    # outputs last: `--trt --onnxrt --load-outputs F` is trt vs onnxrt, then onnxrt vs F. The trt runner is
+    # always compared with the FP32 reference (onnxrt, else the loaded file), whatever order the flags come in.
     pairs: list[PairResult] = []
-    if golden is not None:
-        others = [r for r in results if r is not golden] + ([loaded] if loaded is not None and golden is not loaded
-                                                            else [])
-        order = {t: i for i, t in enumerate([*catalog.input_names, *all_tensors])}
-        for other in others:
-            pairs.append(_compare_runners(other, golden, tol, comparison, order, report))
-    elif not results:
+    order = {t: i for i, t in enumerate([*catalog.input_names, *all_tensors])}
+    trt = next((r for r in results if r is not reference), None)
+    if trt is not None and (reference or loaded) is not None:
+        pairs.append(_compare_runners(trt, reference or loaded, tol, comparison, order, report))
+    if reference is not None and loaded is not None:
+        pairs.append(_compare_runners(reference, loaded, tol, comparison, order, report))
+    if not results and loaded is None:
         log.warning("no runner selected (--onnxrt, --trt) and nothing loaded: nothing to do")
 
     if save_outputs is not None:
