@@ -77,3 +77,21 @@ def test_onnxrt_against_loaded_outputs_divides_by_the_loaded_like_polygraphy(tmp
     assert main_cli("run", *common, "--cache-dir", tmp_path / "cache") == 1
     # --trt --onnxrt --load-outputs: trt vs onnxrt, then onnxrt vs the file (Polygraphy's chain)
     assert main_cli("run", *common, "--trt", "--cache-dir", tmp_path / "cache") == 1
+
+
+def test_polygraphy_flag_aliases(tmp_path):
+    """Polygraphy's other spellings (argparse aliases) are accepted: --iters, --inputs, --load-input-data,
+    --save-input-data, --execution-providers, --save/--load-tactic-replay; a prefix of two spellings of one
+    option (--iter) is that option, as in argparse."""
+    from polygraphy.json import load_json
+
+    from .conftest import SEED, main_cli
+
+    saved = tmp_path / "in.json"
+    assert main_cli("run", SEED, "--onnxrt", "--iters", "2", "--inputs", "x:[1,1,256,256]", "--save-input-data",
+                    saved) == 0
+    assert len(load_json(str(saved))) == 2
+    assert main_cli("run", SEED, "--onnxrt", "--iter", "3", "--save-inputs", saved) == 0
+    assert len(load_json(str(saved))) == 3
+    assert main_cli("run", SEED, "--onnxrt", "--load-input-data", saved, "--execution-providers", "cpu",
+                    "--save-tactic-replay", tmp_path / "t.json") == 0

@@ -82,13 +82,13 @@ class Inputs:
     panel: ClassVar[str] = "Inputs"
     val_range: Any = option("--val-range", multi=True, cli=Optional[list[str]], default=None,
                             help="Input value ranges: x:[1,2], or [0,1] for all inputs (default [0,1]).")
-    input_shapes: Any = option("--input-shapes", multi=True, cli=Optional[list[str]], default=None,
+    input_shapes: Any = option("--input-shapes", "--inputs", multi=True, cli=Optional[list[str]], default=None,
                                help="Shapes for dynamic inputs: x:[1,3,224,224].")
     seed: int = option("--seed", default=1, help="Seed for generated inputs.")
-    iterations: int = option("--iterations", default=1, help="Generated input sets; a plan must pass on every one.")
-    load_inputs: Any = option("--load-inputs", multi=True, cli=Optional[list[Path]], default=None,
+    iterations: int = option("--iterations", "--iters", default=1, help="Generated input sets; a plan must pass on every one.")
+    load_inputs: Any = option("--load-inputs", "--load-input-data", multi=True, cli=Optional[list[Path]], default=None,
                               help="Input sets: Polygraphy JSON (polygraphy run --save-inputs) or .npz.")
-    save_inputs: Optional[Path] = option("--save-inputs", default=None,
+    save_inputs: Optional[Path] = option("--save-inputs", "--save-input-data", default=None,
                                          help="Save the input sets used (Polygraphy JSON, or .npz).")
     load_outputs: Any = option("--load-outputs", "--load-results", multi=True, cli=Optional[list[Path]], default=None,
                                help="Golden outputs (Polygraphy RunResults JSON, one or more files) instead of running "
@@ -462,8 +462,8 @@ class TrtBuilder:
     pool_limit: Any = option("--pool-limit", "--memory-pool-limit", multi=True, cli=Optional[list[str]],
                              default=None, help="TensorRT memory pool limits, POOL:SIZE.")
     workspace: Optional[str] = option("--workspace", default=None, help="TensorRT workspace size (deprecated).")
-    load_tactics: Optional[Path] = option("--load-tactics", default=None, help="TensorRT tactic replay file to load.")
-    save_tactics: Optional[Path] = option("--save-tactics", default=None, help="TensorRT tactic replay file to save.")
+    load_tactics: Optional[Path] = option("--load-tactics", "--load-tactic-replay", default=None, help="TensorRT tactic replay file to load.")
+    save_tactics: Optional[Path] = option("--save-tactics", "--save-tactic-replay", default=None, help="TensorRT tactic replay file to save.")
     hardware_compatibility_level: Optional[str] = option("--hardware-compatibility-level", default=None,
                                                          help="TensorRT hardware compatibility level.")
     version_compatible: bool = option("--version-compatible", default=False,
@@ -483,7 +483,7 @@ class TrtBuilder:
     allow_gpu_fallback: bool = option("--allow-gpu-fallback", default=False, help="TensorRT DLA: allow GPU fallback.")
     plugins: Any = option("--plugins", multi=True, cli=Optional[list[str]], default=None,
                           help="TensorRT plugin libraries to load.")
-    onnxrt_providers: Any = option("--providers", "--onnxrt-providers", multi=True, cli=Optional[list[str]],
+    onnxrt_providers: Any = option("--providers", "--onnxrt-providers", "--execution-providers", multi=True, cli=Optional[list[str]],
                                    default=None, help="ONNX Runtime execution providers (the reference runs on CPU).")
 
     def given(self) -> dict[str, Any]:
