@@ -95,3 +95,11 @@ def test_polygraphy_flag_aliases(tmp_path):
     assert len(load_json(str(saved))) == 3
     assert main_cli("run", SEED, "--onnxrt", "--load-input-data", saved, "--execution-providers", "cpu",
                     "--save-tactic-replay", tmp_path / "t.json") == 0
+
+
+def test_quantile_report_line_names_the_quantile(capsys):
+    from .conftest import SEED, main_cli
+
+    assert main_cli("run", SEED, "--trt", "--onnxrt", "--val-range", "x:[1,2]", "--check-error-stat", "quantile",
+                    "--error-quantile", "0.5") == 0
+    assert "Minimum Required Tolerance: quantile error | [abs=0] OR [rel=0] (quantile=0.5)" in capsys.readouterr().out

@@ -394,7 +394,7 @@ def _compare_runners(other: RunnerResult, golden: RunnerResult, tol, comparison:
                               + (f" | {reason}" if reason else ""))
             else:
                 c = compare_output(t, a, g, tol, keep_diff=True)
-                report.extend(format_pair_output(t, a, g, c, other.name, golden.name))
+                report.extend(format_pair_output(t, a, g, c, other.name, golden.name, tol.quantile))
                 c.absdiff = None
             cmp[t] = c
             if not c.passed and comparison.fail_fast:
