@@ -103,3 +103,18 @@ def test_quantile_report_line_names_the_quantile(capsys):
     assert main_cli("run", SEED, "--trt", "--onnxrt", "--val-range", "x:[1,2]", "--check-error-stat", "quantile",
                     "--error-quantile", "0.5") == 0
     assert "Minimum Required Tolerance: quantile error | [abs=0] OR [rel=0] (quantile=0.5)" in capsys.readouterr().out
+
+
+def test_per_output_quantile_and_index_tolerance_are_refused_clearly(capsys):
+    """Polygraphy takes `--error-quantile 0.95 out0:0.8` and `--index-tolerance 1 out0:2`; bisector takes one
+    value for all outputs and says so (exit 2) instead of a click parse error about a stray argument."""
+    from .conftest import SEED, main_cli
+
+    common = ["run", SEED, "--trt", "--onnxrt", "--val-range", "x:[1,2]"]
+    for flag, values in (("--error-quantile", ["0.95", "y:0.8"]), ("--error-quantile", ["y:0.8"]),
+                         ("--index-tolerance", ["1", "y:2"])):
+        capsys.readouterr()
+        assert main_cli(*common, flag, *values) == 2
+        assert "per-output values (NAME:VALUE) are not supported by bisector" in capsys.readouterr().err
+    assert main_cli(*common, "--check-error-stat", "quantile", "--error-quantile", "0.5") == 0
+    assert main_cli(*common, "--compare-func", "indices", "--index-tolerance", "1") in (0, 1)
