@@ -118,3 +118,29 @@ def test_per_output_quantile_and_index_tolerance_are_refused_clearly(capsys):
         assert "per-output values (NAME:VALUE) are not supported by bisector" in capsys.readouterr().err
     assert main_cli(*common, "--check-error-stat", "quantile", "--error-quantile", "0.5") == 0
     assert main_cli(*common, "--compare-func", "indices", "--index-tolerance", "1") in (0, 1)
+
+
+@pytest.mark.parametrize("golden,actual,stat", [
+    ([1.0, np.inf, -np.inf, 3.0], [1.0, np.inf, -np.inf, 3.0], "elemwise"),
+    ([1.0, np.inf, -np.inf, 3.0], [1.0, np.inf, np.inf, 3.0], "elemwise"),
+    ([1.0, np.inf, -np.inf, 3.0], [1.0, np.inf, np.inf, 3.0], "median"),
+])
+def test_infinities_compare_equal_as_polygraphy(tmp_path, golden, actual, stat):
+    """--infinities-compare-equal was 'No such option'; now matching infinities compare equal, as in Polygraphy."""
+    from polygraphy.comparator import IterationResult, RunResults
+    from polygraphy.json import save_json
+
+    from .conftest import main_cli
+
+    g, a = np.array(golden, np.float32), np.array(actual, np.float32)
+    model = _identity_model(tmp_path / "m.onnx", a)
+    save_json([{"x": a}], str(tmp_path / "in.json"))
+    results = RunResults()
+    results.append(("onnxrt-runner-N0-gold", [IterationResult({"y": g}, runner_name="onnxrt-runner-N0-gold")]))
+    results.save(str(tmp_path / "gold.json"))
+    want = polygraphy_passes(a, g, check_error_stat=stat, infinities_compare_equal=True)
+    common = ["run", model, "--trt", "--load-inputs", tmp_path / "in.json", "--load-outputs", tmp_path / "gold.json",
+              "--check-error-stat", stat]
+    assert main_cli(*common, "--infinities-compare-equal") == (0 if want else 1)
+    assert main_cli(*common) == (0 if polygraphy_passes(a, g, check_error_stat=stat) else 1)
+

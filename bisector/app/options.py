@@ -465,6 +465,9 @@ class Comparison:
                                        "outputs).")
     fail_fast: bool = option("--fail-fast", default=False, help="Stop at the first mismatched output.")
     validate: bool = option("--validate", default=False, help="Fail on NaN or Inf in any runner's outputs.")
+    infinities_compare_equal: bool = option("--infinities-compare-equal", default=False,
+                                            help="Matching +-inf values compare equal (absdiff 0); by default "
+                                                 "their absdiff is NaN, a mismatch.")
 
     def __post_init__(self) -> None:
         self.index_tolerance = _one_value(self.index_tolerance, 0, "--index-tolerance", int)

@@ -393,7 +393,8 @@ def _compare_runners(other: RunnerResult, golden: RunnerResult, tol, comparison:
                 report.append(f"[{'I' if ok else 'E'}]         {'PASSED' if ok else 'FAILED'} | Output: '{t}'"
                               + (f" | {reason}" if reason else ""))
             else:
-                c = compare_output(t, a, g, tol, keep_diff=True)
+                a_cmp, g_cmp = _same_infinities_zeroed(a, g) if comparison.infinities_compare_equal else (a, g)
+                c = compare_output(t, a_cmp, g_cmp, tol, keep_diff=True)
                 report.extend(format_pair_output(t, a, g, c, other.name, golden.name, tol.quantile))
                 c.absdiff = None
             cmp[t] = c
@@ -412,6 +413,17 @@ def _compare_runners(other: RunnerResult, golden: RunnerResult, tol, comparison:
     pair = PairResult(other.name, golden.name, iterations, reasons)
     report.append(format_summary(pair, len(other.outputs)))
     return pair
+
+
+def _same_infinities_zeroed(a: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Polygraphy's --infinities-compare-equal: where both hold the same +-inf the absdiff is 0 (and so the
+    reldiff, 0 / inf), not NaN; both values are set to 0 there, which gives exactly that."""
+    if a.shape != g.shape or not (np.issubdtype(a.dtype, np.floating) and np.issubdtype(g.dtype, np.floating)):
+        return a, g
+    same = np.isinf(a) & (a == g)
+    if not same.any():
+        return a, g
+    return np.where(same, 0, a).astype(a.dtype), np.where(same, 0, g).astype(g.dtype)
 
 
 def gen_script(path: str | Path, argv: Sequence[str]) -> Path:
