@@ -144,3 +144,13 @@ def test_infinities_compare_equal_as_polygraphy(tmp_path, golden, actual, stat):
     assert main_cli(*common, "--infinities-compare-equal") == (0 if want else 1)
     assert main_cli(*common) == (0 if polygraphy_passes(a, g, check_error_stat=stat) else 1)
 
+
+def test_runner_comparison_flags_without_runners_are_refused(capsys):
+    """Without --trt/--onnxrt, `run` judges a plan against golden with the tolerances alone: a comparison flag of
+    the runners (--compare-func, --validate, ...) would change nothing there, so it is exit 2, not ignored."""
+    from .conftest import SEED, main_cli
+
+    for flag in (["--compare-func", "indices"], ["--validate"], ["--infinities-compare-equal"]):
+        capsys.readouterr()
+        assert main_cli("run", SEED, "--fp16", "--val-range", "x:[1,2]", *flag) == 2
+        assert "add --trt" in capsys.readouterr().err
