@@ -1,7 +1,7 @@
 """Polygraphy's comparison semantics (DESIGN §5), so tolerances and verdicts transfer between the tools.
 
-absdiff = |out - golden| (cast up to FP32 first; inf - inf is NaN), reldiff = absdiff / |golden| where golden
-zeros get Polygraphy's epsilon 2.22e-16. elemwise: an element fails only if absdiff > atol AND reldiff > rtol
+absdiff = |out - golden| (FP16 cast up to FP32 first; inf - inf is NaN; integers exactly), reldiff = absdiff /
+|golden| where floating golden zeros get Polygraphy's epsilon 2.22e-16 (integer ones do not: x / 0 is inf). elemwise: an element fails only if absdiff > atol AND reldiff > rtol
 (NaN counts as exceeding). mean/median/max/quantile: fail only if both statistics exceed their tolerance.
 """
 
@@ -224,6 +224,12 @@ def compare_output(name: str, actual: np.ndarray, golden: np.ndarray, tol: Toler
     if actual.dtype == np.bool_ and golden.dtype == np.bool_:
         absdiff = np.logical_xor(actual, golden).astype(np.float32)
         g = golden.astype(np.float32)
+    elif _integer(actual) and _integer(golden):
+        # Polygraphy compares integers as integers: |a - g| exactly (a float32 cast merged values above 2**24:
+        # 2**40 and 2**40 + 1 compared equal), and divides by |golden| with no epsilon for a zero golden (that
+        # is only added to floating goldens): x / 0 is inf, 0 / 0 NaN. Held in float64, exact below 2**53.
+        absdiff = np.abs(np.subtract(actual.astype(np.int64), golden.astype(np.int64))).astype(np.float64)
+        g = golden
     else:
         a, g = _up(actual), _up(golden)
         with np.errstate(all="ignore"):
@@ -464,6 +470,10 @@ def _excess64(ad: np.ndarray, rd: np.ndarray, atol: float, rtol: float) -> tuple
 
 
 _F32_SAFE_LOW = np.float32(np.finfo(np.float32).tiny * 2**20)  # far above subnormals: float32 relative error ~6e-8
+
+
+def _integer(a: np.ndarray) -> bool:
+    return np.issubdtype(a.dtype, np.integer)
 
 
 def _up(a: np.ndarray) -> np.ndarray:

@@ -68,6 +68,25 @@ def _per_output(value: Any, default: Any, flag: str, parse) -> PerOutput:
     return parse([str(value)])
 
 
+def _one_value(value: Any, default: Any, flag: str, kind: type) -> Any:
+    """A flag Polygraphy takes per output (`--error-quantile 0.95 out0:0.8`) that bisector takes once: one plain
+    value is it; a per-output form is refused (exit 2) rather than read as something else."""
+    tokens = _tokens(value)
+    if tokens is None:
+        return default if value is None else value
+    if not tokens:
+        return default
+    from bisector.values import split_name
+
+    if len(tokens) > 1 or split_name(tokens[0])[0]:
+        raise UsageError(f"{flag} {' '.join(tokens)}: per-output values (NAME:VALUE) are not supported by bisector; "
+                         f"give one {flag} for all outputs")
+    try:
+        return kind(tokens[0])
+    except ValueError:
+        raise UsageError(f"{flag} {tokens[0]!r}: expected {'an integer' if kind is int else 'a number'}") from None
+
+
 def _check_backend(name: str, flag: str) -> None:
     from bisector.backends import BACKENDS
 
@@ -82,13 +101,13 @@ class Inputs:
     panel: ClassVar[str] = "Inputs"
     val_range: Any = option("--val-range", multi=True, cli=Optional[list[str]], default=None,
                             help="Input value ranges: x:[1,2], or [0,1] for all inputs (default [0,1]).")
-    input_shapes: Any = option("--input-shapes", multi=True, cli=Optional[list[str]], default=None,
+    input_shapes: Any = option("--input-shapes", "--inputs", multi=True, cli=Optional[list[str]], default=None,
                                help="Shapes for dynamic inputs: x:[1,3,224,224].")
     seed: int = option("--seed", default=1, help="Seed for generated inputs.")
-    iterations: int = option("--iterations", default=1, help="Generated input sets; a plan must pass on every one.")
-    load_inputs: Any = option("--load-inputs", multi=True, cli=Optional[list[Path]], default=None,
+    iterations: int = option("--iterations", "--iters", default=1, help="Generated input sets; a plan must pass on every one.")
+    load_inputs: Any = option("--load-inputs", "--load-input-data", multi=True, cli=Optional[list[Path]], default=None,
                               help="Input sets: Polygraphy JSON (polygraphy run --save-inputs) or .npz.")
-    save_inputs: Optional[Path] = option("--save-inputs", default=None,
+    save_inputs: Optional[Path] = option("--save-inputs", "--save-input-data", default=None,
                                          help="Save the input sets used (Polygraphy JSON, or .npz).")
     load_outputs: Any = option("--load-outputs", "--load-results", multi=True, cli=Optional[list[Path]], default=None,
                                help="Golden outputs (Polygraphy RunResults JSON, one or more files) instead of running "
@@ -135,7 +154,8 @@ class Tolerances:
                        help="Relative tolerance, per output with out:value (Polygraphy default 1e-5).")
     check_error_stat: Any = option("--check-error-stat", multi=True, cli=Optional[list[str]], default=None,
                                    help=f"{', '.join(ERROR_STATS)} (default elemwise); per output with out:stat.")
-    error_quantile: float = option("--error-quantile", default=0.99, help="Quantile for --check-error-stat quantile.")
+    error_quantile: Any = option("--error-quantile", multi=True, cli=Optional[list[str]], default=None,
+                                   help="Quantile for --check-error-stat quantile, one for all outputs (default 0.99).")
     margin: float = option("--margin", default=DEFAULT_MARGIN,
                            help="Headroom: accept a plan only if its worst error is at most this fraction of the "
                                 "tolerance (1 = just within tolerance).")
@@ -144,6 +164,7 @@ class Tolerances:
         self.atol = _per_output(self.atol, 1e-5, "--atol", lambda t: parse_tolerance(t, 1e-5, "--atol"))
         self.rtol = _per_output(self.rtol, 1e-5, "--rtol", lambda t: parse_tolerance(t, 1e-5, "--rtol"))
         self.check_error_stat = _per_output(self.check_error_stat, "elemwise", "--check-error-stat", parse_error_stat)
+        self.error_quantile = _one_value(self.error_quantile, 0.99, "--error-quantile", float)
         if not 0.0 <= self.error_quantile <= 1.0 or math.isnan(self.error_quantile):
             raise UsageError(f"--error-quantile {self.error_quantile}: must lie in [0, 1]")
         if not (0.0 < self.margin <= 1.0):
@@ -439,12 +460,17 @@ class Comparison:
     panel: ClassVar[str] = "Comparison (Polygraphy)"
     compare_func: str = option("--compare-func", default="simple",
                                help="simple (tolerances) or indices (outputs hold indices, e.g. Top-K).")
-    index_tolerance: int = option("--index-tolerance", default=0,
-                                  help="--compare-func indices: how many places an index may move.")
+    index_tolerance: Any = option("--index-tolerance", multi=True, cli=Optional[list[str]], default=None,
+                                  help="--compare-func indices: how many places an index may move (one for all "
+                                       "outputs).")
     fail_fast: bool = option("--fail-fast", default=False, help="Stop at the first mismatched output.")
     validate: bool = option("--validate", default=False, help="Fail on NaN or Inf in any runner's outputs.")
+    infinities_compare_equal: bool = option("--infinities-compare-equal", default=False,
+                                            help="Matching +-inf values compare equal (absdiff 0); by default "
+                                                 "their absdiff is NaN, a mismatch.")
 
     def __post_init__(self) -> None:
+        self.index_tolerance = _one_value(self.index_tolerance, 0, "--index-tolerance", int)
         if self.compare_func not in ("simple", "indices"):
             raise UsageError(f"--compare-func {self.compare_func!r}: choose simple or indices")
         if self.index_tolerance < 0:
@@ -462,8 +488,8 @@ class TrtBuilder:
     pool_limit: Any = option("--pool-limit", "--memory-pool-limit", multi=True, cli=Optional[list[str]],
                              default=None, help="TensorRT memory pool limits, POOL:SIZE.")
     workspace: Optional[str] = option("--workspace", default=None, help="TensorRT workspace size (deprecated).")
-    load_tactics: Optional[Path] = option("--load-tactics", default=None, help="TensorRT tactic replay file to load.")
-    save_tactics: Optional[Path] = option("--save-tactics", default=None, help="TensorRT tactic replay file to save.")
+    load_tactics: Optional[Path] = option("--load-tactics", "--load-tactic-replay", default=None, help="TensorRT tactic replay file to load.")
+    save_tactics: Optional[Path] = option("--save-tactics", "--save-tactic-replay", default=None, help="TensorRT tactic replay file to save.")
     hardware_compatibility_level: Optional[str] = option("--hardware-compatibility-level", default=None,
                                                          help="TensorRT hardware compatibility level.")
     version_compatible: bool = option("--version-compatible", default=False,
@@ -483,7 +509,7 @@ class TrtBuilder:
     allow_gpu_fallback: bool = option("--allow-gpu-fallback", default=False, help="TensorRT DLA: allow GPU fallback.")
     plugins: Any = option("--plugins", multi=True, cli=Optional[list[str]], default=None,
                           help="TensorRT plugin libraries to load.")
-    onnxrt_providers: Any = option("--providers", "--onnxrt-providers", multi=True, cli=Optional[list[str]],
+    onnxrt_providers: Any = option("--providers", "--onnxrt-providers", "--execution-providers", multi=True, cli=Optional[list[str]],
                                    default=None, help="ONNX Runtime execution providers (the reference runs on CPU).")
 
     def given(self) -> dict[str, Any]:

@@ -5,6 +5,8 @@ runner (evaluated on --backend, emulate by default), compared like `polygraphy r
 - `--trt` alone runs the plan: FP32 unless --fp16/--bf16, as a TensorRT build is; `--layer-precisions` and
   `--trt-npps` keep layers FP32; compared with `--load-outputs` when given.
 - both: the trt runner is compared with the onnxrt runner (the reference, so reldiff is relative to FP32).
+- `--load-outputs`: the loaded runner is the reference of the run before it (`--onnxrt` if given, else `--trt`),
+  as in Polygraphy, which compares each run with the next.
 - `--trt-outputs/--onnx-outputs NAMES | mark all`: the runners return exactly those tensors (graph outputs are not
   added), and every tensor both runners return is compared, in topological order.
 Commands that need real TensorRT (an engine, a network script) are a UsageError that says so.
@@ -146,15 +148,17 @@ def polyrun(model: str | Path, fp32: Iterable[str] = (), *, constraints: str | P
 
     invalid = _validate(results, report) if comparison.validate else []
 
-    golden = reference or loaded
+    # Polygraphy compares each run with the next, the later one the reference (reldiff divides by it), loaded
+    # outputs last: `--trt --onnxrt --load-outputs F` is trt vs onnxrt, then onnxrt vs F. The trt runner is
+    # always compared with the FP32 reference (onnxrt, else the loaded file), whatever order the flags come in.
     pairs: list[PairResult] = []
-    if golden is not None:
-        others = [r for r in results if r is not golden] + ([loaded] if loaded is not None and golden is not loaded
-                                                            else [])
-        order = {t: i for i, t in enumerate([*catalog.input_names, *all_tensors])}
-        for other in others:
-            pairs.append(_compare_runners(other, golden, tol, comparison, order, report))
-    elif not results:
+    order = {t: i for i, t in enumerate([*catalog.input_names, *all_tensors])}
+    trt = next((r for r in results if r is not reference), None)
+    if trt is not None and (reference or loaded) is not None:
+        pairs.append(_compare_runners(trt, reference or loaded, tol, comparison, order, report))
+    if reference is not None and loaded is not None:
+        pairs.append(_compare_runners(reference, loaded, tol, comparison, order, report))
+    if not results and loaded is None:
         log.warning("no runner selected (--onnxrt, --trt) and nothing loaded: nothing to do")
 
     if save_outputs is not None:
@@ -389,8 +393,9 @@ def _compare_runners(other: RunnerResult, golden: RunnerResult, tol, comparison:
                 report.append(f"[{'I' if ok else 'E'}]         {'PASSED' if ok else 'FAILED'} | Output: '{t}'"
                               + (f" | {reason}" if reason else ""))
             else:
-                c = compare_output(t, a, g, tol, keep_diff=True)
-                report.extend(format_pair_output(t, a, g, c, other.name, golden.name))
+                a_cmp, g_cmp = _same_infinities_zeroed(a, g) if comparison.infinities_compare_equal else (a, g)
+                c = compare_output(t, a_cmp, g_cmp, tol, keep_diff=True)
+                report.extend(format_pair_output(t, a, g, c, other.name, golden.name, tol.quantile))
                 c.absdiff = None
             cmp[t] = c
             if not c.passed and comparison.fail_fast:
@@ -408,6 +413,17 @@ def _compare_runners(other: RunnerResult, golden: RunnerResult, tol, comparison:
     pair = PairResult(other.name, golden.name, iterations, reasons)
     report.append(format_summary(pair, len(other.outputs)))
     return pair
+
+
+def _same_infinities_zeroed(a: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Polygraphy's --infinities-compare-equal: where both hold the same +-inf the absdiff is 0 (and so the
+    reldiff, 0 / inf), not NaN; both values are set to 0 there, which gives exactly that."""
+    if a.shape != g.shape or not (np.issubdtype(a.dtype, np.floating) and np.issubdtype(g.dtype, np.floating)):
+        return a, g
+    same = np.isinf(a) & (a == g)
+    if not same.any():
+        return a, g
+    return np.where(same, 0, a).astype(a.dtype), np.where(same, 0, g).astype(g.dtype)
 
 
 def gen_script(path: str | Path, argv: Sequence[str]) -> Path:

@@ -54,7 +54,7 @@ def _desc(a: np.ndarray) -> str:
 
 
 def format_pair_output(name: str, actual: np.ndarray, golden: np.ndarray, c: OutputComparison, runner: str,
-                       reference: str) -> list[str]:
+                       reference: str, quantile: float | None = None) -> list[str]:
     """One output of `A vs. B`, as Polygraphy's simple comparison prints it (histograms when it fails)."""
     lines = [f"[I]     Comparing Output: '{name}' {_desc(actual)} with '{name}' {_desc(golden)}",
              f"[I]         Tolerance: [abs={c.atol:.5g}, rel={c.rtol:.5g}] | Checking {c.stat} error"]
@@ -73,11 +73,15 @@ def format_pair_output(name: str, actual: np.ndarray, golden: np.ndarray, c: Out
             lines += [f"                {x}" if i else f"[I]             {x}"
                       for i, x in enumerate(str_histogram(_up(arr), hist_range))]
     absdiff = c.absdiff if c.absdiff is not None else np.abs(a32 - g32)
+    if np.issubdtype(np.asarray(golden).dtype, np.integer):  # no epsilon on integer zeros (compare.py)
+        g32 = np.asarray(golden)
     g_eps = np.where(g32 == 0, g32 + EPSILON, g32) if np.issubdtype(g32.dtype, np.floating) else g32
     with np.errstate(all="ignore"):
         reldiff = absdiff / np.abs(g_eps)
     lines.append(f"[I]         Error Metrics: {name}")
     note = " (requirements may be lower if both abs/rel tolerances are set)" if c.stat == "elemwise" else ""
+    if c.stat == "quantile" and quantile is not None:
+        note = f" (quantile={quantile:.4g})"
     lines.append(f"[I]             Minimum Required Tolerance: {c.stat} error | [abs={c.required_abs:.5g}] OR "
                  f"[rel={c.required_rel:.5g}]{note}")
     for label, diff in (("Absolute Difference", absdiff), ("Relative Difference", reldiff)):

@@ -79,14 +79,14 @@ def expand_abbreviations(argv: Sequence[str]) -> list[str]:
             name, eq, value = tok.partition("=")
             if name not in flags:
                 matches = sorted(f for f in flags if f.startswith(name))
-                if len(matches) == 1:
+                if len({flags[f] for f in matches}) == 1:  # one option, whatever its spellings (--iter)
                     tok = matches[0] + eq + value
         out.append(tok)
     return out
 
 
-def _command_flags(argv: Sequence[str]) -> set[str]:
-    """The long flags of the (sub)command named in argv."""
+def _command_flags(argv: Sequence[str]) -> dict[str, str]:
+    """The long flags of the (sub)command named in argv, each with the name of the option it sets."""
     try:
         import typer
 
@@ -100,6 +100,7 @@ def _command_flags(argv: Sequence[str]) -> set[str]:
             if sub is None:
                 break
             cmd = sub
-        return {o for p in getattr(cmd, "params", []) for o in [*p.opts, *p.secondary_opts] if o.startswith("--")}
+        return {o: str(p.name) for p in getattr(cmd, "params", []) for o in [*p.opts, *p.secondary_opts]
+                if o.startswith("--")}
     except Exception:  # abbreviations are a convenience; click still parses the command line
-        return set()
+        return {}

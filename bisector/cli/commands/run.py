@@ -3,6 +3,7 @@ run and compare them as `polygraphy run` does."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -56,6 +57,13 @@ def _evaluate(model, fp16, fp32, constraints, mark_all, save_outputs, json_out, 
     from bisector.app import api
 
     runners: Runners = opts[Runners]
+    given = {f.metadata["flags"][0] for f in dataclasses.fields(Comparison)
+             if f.name != "fail_fast" and getattr(opts[Comparison], f.name) != getattr(Comparison(), f.name)}
+    if given:
+        from bisector.errors import UsageError
+
+        raise UsageError(f"{', '.join(sorted(given))}: Polygraphy comparison option(s) of the --trt/--onnxrt "
+                         f"runners; add --trt (and --onnxrt, or --load-outputs, to compare against)")
     wanted = list(fp32 or [])
     if runners.layer_precisions or runners.trt_npps or runners.bf16:
         from bisector.errors import UsageError
