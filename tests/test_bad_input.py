@@ -341,6 +341,17 @@ BAD_INPUTS = {
                             ["File name too long"]),
     "save-outputs-directory": (lambda t: ["run", SEED, *BASE, "--save-outputs", t, "--cache-dir", t / "c"],
                                ["Is a directory"]),
+    # the Search group's budget checks sat after a `return` (unreachable): these searched and exited 0
+    "max-evals-negative": (lambda t: ["precision", SEED, *BASE, "--max-evals", "-1", "--cache-dir", t / "c",
+                                      "-o", t / "o"], ["--max-evals -1"]),
+    "max-evals-zero": (lambda t: ["precision", SEED, *BASE, "--max-evals", "0", "--cache-dir", t / "c",
+                                  "-o", t / "o"], ["--max-evals 0"]),
+    "time-limit-negative": (lambda t: ["precision", SEED, *BASE, "--time-limit", "-5", "--cache-dir", t / "c",
+                                       "-o", t / "o"], ["--time-limit -5"]),
+    "time-limit-nan": (lambda t: ["precision", SEED, *BASE, "--time-limit", "nan", "--cache-dir", t / "c",
+                                  "-o", t / "o"], ["--time-limit nan"]),
+    "confirm-on-unknown": (lambda t: ["precision", SEED, *BASE, "--confirm-on", "magic", "--cache-dir", t / "c",
+                                      "-o", t / "o"], ["--confirm-on 'magic'"]),
 }
 
 

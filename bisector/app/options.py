@@ -275,16 +275,16 @@ class Search:
         if self.objective not in ("count", "flops"):
             raise UsageError(f"--objective {self.objective!r}: choose count or flops")
         self.strategy_option = strategy_options(self.strategy, self.strategy_option)
-
-    def strategy_kwargs(self) -> dict[str, Any]:
-        """What the strategy's constructor gets: --direction (for bisect/linear) and the --strategy-option values."""
-        return {"direction": self.direction, **self.strategy_option}
         if self.confirm_on is not None:
             _check_backend(self.confirm_on, "--confirm-on")
         if self.max_evals is not None and self.max_evals < 1:
             raise UsageError(f"--max-evals {self.max_evals}: must be at least 1")
         if self.time_limit is not None and not (self.time_limit > 0 and math.isfinite(self.time_limit)):
             raise UsageError(f"--time-limit {self.time_limit}: must be a positive number of seconds")
+
+    def strategy_kwargs(self) -> dict[str, Any]:
+        """What the strategy's constructor gets: --direction (for bisect/linear) and the --strategy-option values."""
+        return {"direction": self.direction, **self.strategy_option}
 
 
 GROUPS: tuple[type, ...] = (Inputs, Tolerances, BackendChoice, Cache, Search)
