@@ -486,3 +486,19 @@ def test_malformed_polygraphy_json_is_exit_2(tmp_path, capsys, case):
         assert code == 2, (argv[0], code, err)
         last = err.strip().splitlines()[-1]
         assert last.startswith("bisector: error: ") and "internal error" not in err and "f.json" in last, err
+
+
+def test_verify_of_a_set_found_with_a_data_loader_script_does_not_judge_generated_inputs(tmp_path, capsys):
+    """verify fell back to generated [0, 1] inputs when the constraints recorded a data loader script, and said
+    VERIFIED about inputs the set was never found with."""
+    script = tmp_path / "loader.py"
+    script.write_text("import numpy as np\n\ndef load_data():\n"
+                      "    yield {'x': np.random.RandomState(0).uniform(1, 2, (1, 1, 256, 256)).astype(np.float32)}\n")
+    out, cache = tmp_path / "o", tmp_path / "c"
+    assert main_cli("precision", SEED, *BASE, "--data-loader-script", script, "-o", out, "--cache-dir", cache) == 0
+    capsys.readouterr()
+    assert main_cli("verify", SEED, "--constraints", out / "constraints.json", "--cache-dir", cache) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("bisector: error: ") and "--data-loader-script" in last and "loader.py" in last, last
+    assert main_cli("verify", SEED, "--constraints", out / "constraints.json", "--data-loader-script", script,
+                    "--cache-dir", cache) == 0

@@ -67,8 +67,11 @@ def _recorded_inputs(recorded: Constraints, options: dict) -> Inputs | None:
     """The recorded generated-input settings (seed, ranges, shapes, iterations), unless the caller gives inputs."""
     info = recorded.inputs
     given = {f.name for f in dataclasses.fields(Inputs)} & {k for k, v in options.items() if v}
-    if given & {"load_inputs"}:
+    if given & {"load_inputs", "data_loader_script"}:
         return None
+    if info.get("source") == "script":  # not run from the file's say-so: a constraints.json may come from elsewhere
+        raise UsageError(f"the constraints were found with inputs from the data loader script {info.get('script')}: "
+                         "pass it with --data-loader-script (generated inputs would judge something else)")
     if info.get("source") == "file":
         files = [Path(p) for p in info.get("files", [])]
         if files and all(p.is_file() for p in files):
