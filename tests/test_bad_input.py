@@ -502,3 +502,18 @@ def test_verify_of_a_set_found_with_a_data_loader_script_does_not_judge_generate
     assert last.startswith("bisector: error: ") and "--data-loader-script" in last and "loader.py" in last, last
     assert main_cli("verify", SEED, "--constraints", out / "constraints.json", "--data-loader-script", script,
                     "--cache-dir", cache) == 0
+
+
+@pytest.mark.parametrize("body,fragment", [("import sys\nsys.exit(3)\n", "importing it failed: SystemExit: 3"),
+                                           ("def load_data():\n    raise SystemExit(0)\n", "failed: SystemExit: 0")],
+                         ids=["exit-3-at-import", "exit-0-in-load-data"])
+def test_data_loader_script_that_calls_sys_exit_is_exit_2(tmp_path, capsys, body, fragment):
+    """SystemExit is no Exception: the first ended the command with a bare exit 3, the second with exit 0 and no
+    search at all."""
+    script = tmp_path / "loader.py"
+    script.write_text(body)
+    code = main_cli("precision", SEED, *BASE, "--data-loader-script", script, "-o", tmp_path / "o",
+                    "--cache-dir", tmp_path / "c")
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2 and last.startswith("bisector: error: ") and fragment in last, (code, last)
+    assert not (tmp_path / "o" / "constraints.json").exists()
