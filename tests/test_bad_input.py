@@ -517,3 +517,15 @@ def test_data_loader_script_that_calls_sys_exit_is_exit_2(tmp_path, capsys, body
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert code == 2 and last.startswith("bisector: error: ") and fragment in last, (code, last)
     assert not (tmp_path / "o" / "constraints.json").exists()
+
+
+@pytest.mark.parametrize("body,fragment", [("import sys\nsys.exit(0)\n", "importing"),
+                                           ("def postprocess(network):\n    raise SystemExit(0)\n", "postprocess failed")],
+                         ids=["exit-0-at-import", "exit-0-in-postprocess"])
+def test_network_postprocess_script_that_calls_sys_exit_is_exit_2(tmp_path, capsys, body, fragment):
+    """`run --trt --onnxrt --trt-npps s.py` exited 0, no comparison made, when the script called sys.exit(0)."""
+    script = tmp_path / "npps.py"
+    script.write_text(body)
+    code = main_cli("run", SEED, "--trt", "--fp16", "--onnxrt", "--trt-npps", script)
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2 and last.startswith("bisector: error: ") and fragment in last and "SystemExit" in last, (code, last)
