@@ -350,6 +350,12 @@ BAD_INPUTS = {
                                        "-o", t / "o"], ["--time-limit -5"]),
     "time-limit-nan": (lambda t: ["precision", SEED, *BASE, "--time-limit", "nan", "--cache-dir", t / "c",
                                   "-o", t / "o"], ["--time-limit nan"]),
+    # zero-size outputs: every plan passed vacuously ("PASSED; 1-minimal; headroom 100%" with nothing compared)
+    "all-outputs-empty": (lambda t: ["precision", _dynamic_model(t), *BASE, "--input-shapes", "x:[2,0,3]",
+                                     "--cache-dir", t / "c", "-o", t / "o"], ["0 values", "nothing to judge"]),
+    "all-outputs-empty-verify": (lambda t: ["verify", _dynamic_model(t), *BASE, "--input-shapes", "x:[2,0,3]",
+                                            "--constraints", _constraints_with(t), "--cache-dir", t / "c"],
+                                 ["nothing to judge"]),
     "confirm-on-unknown": (lambda t: ["precision", SEED, *BASE, "--confirm-on", "magic", "--cache-dir", t / "c",
                                       "-o", t / "o"], ["--confirm-on 'magic'"]),
 }
