@@ -298,6 +298,14 @@ def _constraints_with(tmp_path, **changes):
     return f
 
 
+def _constraints_with_inputs(tmp_path, **changes):
+    f = _constraints_with(tmp_path)
+    doc = json.loads(f.read_text())
+    doc["inputs"].update(changes)
+    f.write_text(json.dumps(doc))
+    return f
+
+
 BAD_INPUTS = {
     # id: (builder(tmp_path) -> argv, fragments the message must contain)
     "load-inputs-directory": (lambda t: ["precision", SEED, *BASE, "--load-inputs", t, "--cache-dir", t / "c"],
@@ -356,6 +364,12 @@ BAD_INPUTS = {
     "all-outputs-empty-verify": (lambda t: ["verify", _dynamic_model(t), *BASE, "--input-shapes", "x:[2,0,3]",
                                             "--constraints", _constraints_with(t), "--cache-dir", t / "c"],
                                  ["nothing to judge"]),
+    "constraints-nested-too-deep": (lambda t: (t.joinpath("deep.json").write_text("[" * 100000 + "]" * 100000),
+                                               ["verify", SEED, "--constraints", t / "deep.json",
+                                                "--cache-dir", t / "c"])[-1], ["deep.json", "not JSON"]),
+    "constraints-recorded-seed-not-a-number": (
+        lambda t: ["verify", SEED, "--constraints", _constraints_with_inputs(t, seed="abc"), "--cache-dir", t / "c"],
+        ["recorded inputs are malformed"]),
     "confirm-on-unknown": (lambda t: ["precision", SEED, *BASE, "--confirm-on", "magic", "--cache-dir", t / "c",
                                       "-o", t / "o"], ["--confirm-on 'magic'"]),
 }
