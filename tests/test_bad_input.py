@@ -367,6 +367,9 @@ BAD_INPUTS = {
     "constraints-nested-too-deep": (lambda t: (t.joinpath("deep.json").write_text("[" * 100000 + "]" * 100000),
                                                ["verify", SEED, "--constraints", t / "deep.json",
                                                 "--cache-dir", t / "c"])[-1], ["deep.json", "not JSON"]),
+    "scores-nested-too-deep": (lambda t: (t.joinpath("deep.json").write_text("[" * 100000 + "]" * 100000),
+                                          ["precision", SEED, *BASE, "--scores", t / "deep.json", "-o", t / "o",
+                                           "--cache-dir", t / "c"])[-1], ["deep.json", "not a readable profile"]),
     "constraints-recorded-seed-not-a-number": (
         lambda t: ["verify", SEED, "--constraints", _constraints_with_inputs(t, seed="abc"), "--cache-dir", t / "c"],
         ["recorded inputs are malformed"]),
