@@ -336,7 +336,7 @@ def load_scores(path: str | Path) -> dict[str, float]:
         doc = json.loads(path.read_text())
     except FileNotFoundError:
         raise UsageError(f"scores file not found: {path}") from None
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: [[[[… nested too deep
         raise UsageError(f"{path}: not a readable profile JSON ({exc})") from None
     nodes = doc.get("nodes") if isinstance(doc, dict) else None
     if not isinstance(nodes, list):

@@ -298,6 +298,14 @@ def _constraints_with(tmp_path, **changes):
     return f
 
 
+def _constraints_with_inputs(tmp_path, **changes):
+    f = _constraints_with(tmp_path)
+    doc = json.loads(f.read_text())
+    doc["inputs"].update(changes)
+    f.write_text(json.dumps(doc))
+    return f
+
+
 BAD_INPUTS = {
     # id: (builder(tmp_path) -> argv, fragments the message must contain)
     "load-inputs-directory": (lambda t: ["precision", SEED, *BASE, "--load-inputs", t, "--cache-dir", t / "c"],
@@ -341,6 +349,32 @@ BAD_INPUTS = {
                             ["File name too long"]),
     "save-outputs-directory": (lambda t: ["run", SEED, *BASE, "--save-outputs", t, "--cache-dir", t / "c"],
                                ["Is a directory"]),
+    # the Search group's budget checks sat after a `return` (unreachable): these searched and exited 0
+    "max-evals-negative": (lambda t: ["precision", SEED, *BASE, "--max-evals", "-1", "--cache-dir", t / "c",
+                                      "-o", t / "o"], ["--max-evals -1"]),
+    "max-evals-zero": (lambda t: ["precision", SEED, *BASE, "--max-evals", "0", "--cache-dir", t / "c",
+                                  "-o", t / "o"], ["--max-evals 0"]),
+    "time-limit-negative": (lambda t: ["precision", SEED, *BASE, "--time-limit", "-5", "--cache-dir", t / "c",
+                                       "-o", t / "o"], ["--time-limit -5"]),
+    "time-limit-nan": (lambda t: ["precision", SEED, *BASE, "--time-limit", "nan", "--cache-dir", t / "c",
+                                  "-o", t / "o"], ["--time-limit nan"]),
+    # zero-size outputs: every plan passed vacuously ("PASSED; 1-minimal; headroom 100%" with nothing compared)
+    "all-outputs-empty": (lambda t: ["precision", _dynamic_model(t), *BASE, "--input-shapes", "x:[2,0,3]",
+                                     "--cache-dir", t / "c", "-o", t / "o"], ["0 values", "nothing to judge"]),
+    "all-outputs-empty-verify": (lambda t: ["verify", _dynamic_model(t), *BASE, "--input-shapes", "x:[2,0,3]",
+                                            "--constraints", _constraints_with(t), "--cache-dir", t / "c"],
+                                 ["nothing to judge"]),
+    "constraints-nested-too-deep": (lambda t: (t.joinpath("deep.json").write_text("[" * 100000 + "]" * 100000),
+                                               ["verify", SEED, "--constraints", t / "deep.json",
+                                                "--cache-dir", t / "c"])[-1], ["deep.json", "not JSON"]),
+    "scores-nested-too-deep": (lambda t: (t.joinpath("deep.json").write_text("[" * 100000 + "]" * 100000),
+                                          ["precision", SEED, *BASE, "--scores", t / "deep.json", "-o", t / "o",
+                                           "--cache-dir", t / "c"])[-1], ["deep.json", "not a readable profile"]),
+    "constraints-recorded-seed-not-a-number": (
+        lambda t: ["verify", SEED, "--constraints", _constraints_with_inputs(t, seed="abc"), "--cache-dir", t / "c"],
+        ["recorded inputs are malformed"]),
+    "confirm-on-unknown": (lambda t: ["precision", SEED, *BASE, "--confirm-on", "magic", "--cache-dir", t / "c",
+                                      "-o", t / "o"], ["--confirm-on 'magic'"]),
 }
 
 
@@ -436,3 +470,85 @@ args = ["--val-range", "x:[1,2]"]
     models = {m["name"]: m for m in json.loads(js.read_text())["models"]}
     assert models["bad-inputs"]["exit_code"] == 2 and "Is a directory" in models["bad-inputs"]["error"]
     assert models["good"]["exit_code"] == 0
+
+
+# ---- Polygraphy JSON files that are not what they claim: structure checked, never an internal error -----------------
+_RUNNER = "onnxrt-runner-N0"
+MALFORMED_JSON = {
+    "inputs-plain-list-value": ("--load-inputs", [{"x": [1, 2, 3]}]),
+    "inputs-number-value": ("--load-inputs", [{"x": 5}]),
+    "inputs-nested-too-deep": ("--load-inputs", "[" * 100000 + "]" * 100000),
+    "inputs-5000-digit-number": ("--load-inputs", '[{"x": ' + "9" * 5000 + "}]"),
+    "results-lst-of-ints": ("--load-outputs", {"polygraphy_class": "RunResults", "lst": [5]}),
+    "results-lst-a-string": ("--load-outputs", {"polygraphy_class": "RunResults", "lst": _RUNNER}),
+    "results-pair-too-short": ("--load-outputs", {"polygraphy_class": "RunResults", "lst": [[_RUNNER]]}),
+    "results-iterations-int": ("--load-outputs", {"polygraphy_class": "RunResults", "lst": [[_RUNNER, 5]]}),
+    "results-runner-name-int": ("--load-outputs", {"polygraphy_class": "RunResults", "lst": [[5, []]]}),
+    "results-outputs-a-list": ("--load-outputs", {"polygraphy_class": "RunResults",
+                                                  "lst": [[_RUNNER, [{"outputs": [1, 2]}]]]}),
+    "results-output-an-int": ("--load-outputs", {"polygraphy_class": "RunResults",
+                                                 "lst": [[_RUNNER, [{"outputs": {"y": 5}}]]]}),
+    "results-provenance-a-list": ("--load-outputs", {"polygraphy_class": "RunResults", "lst": [[_RUNNER, []]],
+                                                     "bisector": {"runners": [1]}}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED_JSON))
+def test_malformed_polygraphy_json_is_exit_2(tmp_path, capsys, case):
+    flag, doc = MALFORMED_JSON[case]
+    f = tmp_path / "f.json"
+    f.write_text(doc if isinstance(doc, str) else json.dumps(doc))
+    for argv in (["precision", SEED, *BASE, flag, f, "--cache-dir", tmp_path / "c", "-o", tmp_path / "o"],
+                 ["inspect", "data", f]):
+        capsys.readouterr()
+        code = main_cli(*argv)
+        err = capsys.readouterr().err
+        if argv[0] == "inspect" and case == "results-provenance-a-list":
+            assert code == 0, err  # an odd provenance block is ignored; the runner itself is fine
+            continue
+        assert code == 2, (argv[0], code, err)
+        last = err.strip().splitlines()[-1]
+        assert last.startswith("bisector: error: ") and "internal error" not in err and "f.json" in last, err
+
+
+def test_verify_of_a_set_found_with_a_data_loader_script_does_not_judge_generated_inputs(tmp_path, capsys):
+    """verify fell back to generated [0, 1] inputs when the constraints recorded a data loader script, and said
+    VERIFIED about inputs the set was never found with."""
+    script = tmp_path / "loader.py"
+    script.write_text("import numpy as np\n\ndef load_data():\n"
+                      "    yield {'x': np.random.RandomState(0).uniform(1, 2, (1, 1, 256, 256)).astype(np.float32)}\n")
+    out, cache = tmp_path / "o", tmp_path / "c"
+    assert main_cli("precision", SEED, *BASE, "--data-loader-script", script, "-o", out, "--cache-dir", cache) == 0
+    capsys.readouterr()
+    assert main_cli("verify", SEED, "--constraints", out / "constraints.json", "--cache-dir", cache) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("bisector: error: ") and "--data-loader-script" in last and "loader.py" in last, last
+    assert main_cli("verify", SEED, "--constraints", out / "constraints.json", "--data-loader-script", script,
+                    "--cache-dir", cache) == 0
+
+
+@pytest.mark.parametrize("body,fragment", [("import sys\nsys.exit(3)\n", "importing it failed: SystemExit: 3"),
+                                           ("def load_data():\n    raise SystemExit(0)\n", "failed: SystemExit: 0")],
+                         ids=["exit-3-at-import", "exit-0-in-load-data"])
+def test_data_loader_script_that_calls_sys_exit_is_exit_2(tmp_path, capsys, body, fragment):
+    """SystemExit is no Exception: the first ended the command with a bare exit 3, the second with exit 0 and no
+    search at all."""
+    script = tmp_path / "loader.py"
+    script.write_text(body)
+    code = main_cli("precision", SEED, *BASE, "--data-loader-script", script, "-o", tmp_path / "o",
+                    "--cache-dir", tmp_path / "c")
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2 and last.startswith("bisector: error: ") and fragment in last, (code, last)
+    assert not (tmp_path / "o" / "constraints.json").exists()
+
+
+@pytest.mark.parametrize("body,fragment", [("import sys\nsys.exit(0)\n", "importing"),
+                                           ("def postprocess(network):\n    raise SystemExit(0)\n", "postprocess failed")],
+                         ids=["exit-0-at-import", "exit-0-in-postprocess"])
+def test_network_postprocess_script_that_calls_sys_exit_is_exit_2(tmp_path, capsys, body, fragment):
+    """`run --trt --onnxrt --trt-npps s.py` exited 0, no comparison made, when the script called sys.exit(0)."""
+    script = tmp_path / "npps.py"
+    script.write_text(body)
+    code = main_cli("run", SEED, "--trt", "--fp16", "--onnxrt", "--trt-npps", script)
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2 and last.startswith("bisector: error: ") and fragment in last and "SystemExit" in last, (code, last)

@@ -40,6 +40,27 @@ def test_second_search_reads_golden_from_cache(tmp_path, cache_dir, monkeypatch)
     assert c["golden"] == {"source": "cache", "reference_runs": 0, "runner": None}  # runner: only for --load-outputs
 
 
+@pytest.mark.parametrize("tamper", ["scaled", "nan", "other-shape"])
+def test_tampered_golden_cache_is_recomputed_not_trusted(tmp_path, cache_dir, capsys, tamper):
+    """An edited or bit-rotted golden cache entry was the reference of the next search: scaled values searched
+    against the wrong golden, a NaN was exit 2 blaming the model, another shape exit 1 'nothing passes'."""
+    assert main_cli("precision", SEED, *SEED_ARGS, "-o", tmp_path / "a", "--cache-dir", cache_dir) == 0
+    (entry,) = (cache_dir / "golden").glob("*.npz")
+    with np.load(entry) as data:
+        arrays = dict(data)
+    y = arrays["0/y"]
+    arrays["0/y"] = {"scaled": y * 1.001, "nan": np.where(np.arange(y.size).reshape(y.shape) == 0, np.nan, y),
+                     "other-shape": np.ones((2, 2), np.float32)}[tamper].astype(np.float32)
+    np.savez(entry, **arrays)
+    capsys.readouterr()
+    assert main_cli("precision", SEED, *SEED_ARGS, "-o", tmp_path / "b", "--cache-dir", cache_dir) == 0
+    assert "ignoring unreadable golden cache" in capsys.readouterr().err
+    a, b = (json.loads((tmp_path / d / "constraints.json").read_text()) for d in "ab")
+    assert b["golden"]["source"] == "computed" and b["outputs"] == a["outputs"]
+    assert main_cli("precision", SEED, *SEED_ARGS, "-o", tmp_path / "c", "--cache-dir", cache_dir) == 0
+    assert json.loads((tmp_path / "c" / "constraints.json").read_text())["golden"]["source"] == "cache"  # rewritten
+
+
 def test_run_seed_all_fp16_reproduces_tensorrt_numbers(tmp_path, cache_dir):
     js = tmp_path / "run.json"
     r = run_cli("run", SEED, "--fp16", "--val-range", "x:[1,2]", "--mark-all", "--check-error-stat", "median",

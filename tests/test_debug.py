@@ -330,6 +330,14 @@ def test_missing_check_and_missing_program_are_usage_errors(work):
     assert main_cli("debug", "precision", SEED, "--fp16", "--no-cache", "--check", "no-such-program-xyz") == 2
 
 
+@pytest.mark.parametrize("base", ["", ".", ".."])
+def test_iter_artifact_without_a_file_name_is_a_usage_error(work, capsys, base):
+    """`--iter-artifact ''` (or '.') was an internal error: Path('.') has an empty name."""
+    assert main_cli("debug", "precision", SEED, "--fp16", "--no-cache", "--iter-artifact", base, "--check", "true") == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("bisector: error: --iter-artifact") and "internal error" not in last, last
+
+
 @pytest.mark.parametrize("version", ["10.13.0.35", "11.0.0.1"])
 def test_engine_written_per_candidate_where_tensorrt_is_installed(work, monkeypatch, version):
     """TensorRT present (the recording fake): an engine-naming check is accepted and every candidate gets its

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -142,6 +143,37 @@ def test_api_rejects_an_unknown_option():
 
     with pytest.raises(UsageError, match="atoll"):
         bisector.precision(ROOT / "fixtures" / "needs_constraints.onnx", atoll=0.1)
+
+
+@pytest.mark.parametrize("options,fragment", [
+    ({"val_range": {"x": (2, 1)}}, "low <= high"),
+    ({"val_range": {"x": (float("nan"), 1)}}, "low <= high"),
+    ({"val_range": {"x": (1, 2, 3)}}, "two numbers"),
+    ({"val_range": {"x": 1}}, "two numbers"),
+    ({"input_shapes": {"x": "1,2"}}, "non-negative integers"),
+    ({"input_shapes": {"x": (-1, 2)}}, "non-negative integers"),
+    ({"seed": 1.5}, "--seed"), ({"seed": "1"}, "--seed"), ({"iterations": 2.5}, "--iterations"),
+    ({"margin": "0.9"}, "--margin"), ({"max_evals": 2.5}, "--max-evals"),
+    ({"backend": "magic"}, "--backend 'magic'"), ({"search": "auto"}, "bisector.Search"),
+], ids=lambda v: str(v))
+def test_api_keywords_are_checked_like_their_flags(tmp_path, options, fragment):
+    """Keyword values the flag parser would refuse ran (a reversed or 3-number val_range, max_evals=2.5) or raised
+    TypeError/ValueError/AttributeError (backend="magic", seed="1", input_shapes={"x": "1,2"})."""
+    import bisector
+    from bisector.errors import UsageError
+
+    with pytest.raises(UsageError, match=re.escape(fragment)):
+        bisector.precision(ROOT / "fixtures" / "needs_constraints.onnx", atol=0.1, output_dir=None,
+                           cache_dir=tmp_path, **options)
+
+
+def test_api_takes_the_backend_by_name_and_val_range_as_a_token(tmp_path):
+    """README: keywords named like the flags, `backend` among them; backend="emulate" was an AttributeError."""
+    import bisector
+
+    r = bisector.precision(ROOT / "fixtures" / "needs_constraints.onnx", backend="emulate", val_range="x:[1,2]",
+                           atol=0.1, output_dir=None, cache_dir=tmp_path)
+    assert r.fp32_nodes == ["Add", "Sub"] and r.passed
 
 
 def test_margin_demands_headroom():

@@ -155,6 +155,8 @@ class Check:
             self.artifacts = [self.artifacts]
         self.artifacts = [Path(p) for p in (self.artifacts or [])]
         self.iter_artifact = Path(self.iter_artifact)
+        if self.iter_artifact.name in ("", ".", ".."):  # '' and '.' become Path('.'): no file name to write to
+            raise UsageError(f"--iter-artifact {str(self.iter_artifact)!r}: give a file name, like polygraphy_debug.onnx")
         self.artifacts_dir = Path(self.artifacts_dir)
 
     def spec(self, command: list[str]) -> CheckSpec:

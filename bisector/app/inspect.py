@@ -115,13 +115,14 @@ def inspect_data(path: str | Path) -> dict[str, Any]:
     import numpy as np
 
     from bisector.errors import UsageError
-    from bisector.model.polyjson import decode_array, runner_precision
+    from bisector.model.polyjson import (decode_array, iteration_outputs, run_results_runners, runner_precision,
+                                         runner_provenance)
 
     try:
         data = json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise UsageError(f"file not found: {path}") from None
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise UsageError(f"{path} is not valid JSON ({exc})") from None
 
     def describe_array(name: str, obj: dict) -> dict[str, Any]:
@@ -131,13 +132,16 @@ def inspect_data(path: str | Path) -> dict[str, Any]:
         return {"name": name, "dtype": str(a.dtype), "shape": list(a.shape), **stats}
 
     if isinstance(data, list):
+        if not all(isinstance(feeds, dict) for feeds in data):
+            raise UsageError(f"{path}: expected a Polygraphy input list [{{name: ndarray}}, ...]")
         return {"kind": "inputs", "iterations": [[describe_array(k, v) for k, v in feeds.items()] for feeds in data]}
     if isinstance(data, dict) and data.get("polygraphy_class") == "RunResults":
-        provenance = (data.get("bisector") or {}).get("runners", {})
+        provenance = runner_provenance(data)
         return {"kind": "outputs", "runners": [
             {"name": name, "precision": runner_precision(name, provenance),
-             "iterations": [[describe_array(k, v) for k, v in it.get("outputs", {}).items()] for it in iterations]}
-            for name, iterations in data["lst"]]}
+             "iterations": [[describe_array(k, v) for k, v in iteration_outputs(it, f"{path}:{name}[{i}]").items()]
+                            for i, it in enumerate(iterations)]}
+            for name, iterations in run_results_runners(data, path)]}
     raise UsageError(f"{path}: neither Polygraphy inputs (a list) nor RunResults")
 
 

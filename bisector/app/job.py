@@ -114,6 +114,10 @@ def build_job(model: Path, inputs: Inputs, tolerances: Tolerances, backend: Back
 
     cache_dir = None if cache.no_cache else (cache.cache_dir or default_cache_dir())
     golden = get_golden(catalog, feeds_list, cache_dir, inputs.load_outputs)
+    if not any(a.size for outs in golden.outputs for a in outs.values()):  # every plan would pass, vacuously
+        shapes = ", ".join(f"{k}{list(a.shape)}" for k, a in golden.outputs[0].items())
+        raise UsageError(f"every graph output holds 0 values for these inputs ({shapes}): nothing to judge; give "
+                         "inputs (--input-shapes, --load-inputs) for which the outputs are not empty")
 
     if canary:
         run_canary(make_backend)

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Mapping, Optional
+from typing import Any, ClassVar, Mapping, Optional, Sequence
 
 from bisector.compare import Tolerance
 from bisector.errors import UsageError
@@ -49,6 +50,39 @@ def _tokens(value: Any) -> list[str] | None:
     if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
         return list(value)
     return None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _mapping(value: Any, name: str) -> Mapping:
+    if not isinstance(value, Mapping):
+        raise UsageError(f"{name}={value!r}: give a mapping {{input name: value}} or flag tokens like 'x:[1,2]'")
+    return value
+
+
+def _range(name: Any, value: Any) -> tuple[float, float]:
+    """A val_range value given as Python (low, high): checked as --val-range checks its tokens."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or len(value) != 2 \
+            or not all(_is_real(v) for v in value):
+        raise UsageError(f"val_range {name!r}: {value!r}: expected two numbers (low, high)")
+    lo, hi = float(value[0]), float(value[1])
+    if not (math.isfinite(lo) and math.isfinite(hi)) or lo > hi:
+        raise UsageError(f"val_range {name!r}: {value!r}: expected finite low <= high")
+    return lo, hi
+
+
+def _dims(name: str, value: Any) -> tuple[int, ...]:
+    """An input_shapes value given as Python dims: checked as --input-shapes checks its tokens."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) \
+            or not all(_is_int(d) and d >= 0 for d in value):
+        raise UsageError(f"input_shapes {name!r}: {value!r}: dimensions must be non-negative integers")
+    return tuple(int(d) for d in value)
 
 
 def _per_output(value: Any, default: Any, flag: str, parse) -> PerOutput:
@@ -117,17 +151,24 @@ class Inputs:
                                                     "FUNC() returns or yields {input: array} per iteration.")
 
     def __post_init__(self) -> None:
+        if isinstance(self.val_range, str):  # one token, as on the command line
+            self.val_range = [self.val_range]
         tokens = _tokens(self.val_range)
         if tokens is not None or self.val_range is None:
             self.val_range = parse_val_range(tokens)
         else:
-            self.val_range = {(None if k in ("", "*", None) else k): (float(v[0]), float(v[1]))
-                              for k, v in dict(self.val_range).items()}
+            self.val_range = {(None if k in ("", "*", None) else k): _range(k, v)
+                              for k, v in _mapping(self.val_range, "val_range").items()}
+        if isinstance(self.input_shapes, str):
+            self.input_shapes = [self.input_shapes]
         tokens = _tokens(self.input_shapes)
         if tokens is not None or self.input_shapes is None:
             self.input_shapes = parse_input_shapes(tokens)
         else:
-            self.input_shapes = {k: tuple(int(d) for d in v) for k, v in dict(self.input_shapes).items()}
+            self.input_shapes = {k: _dims(k, v) for k, v in _mapping(self.input_shapes, "input_shapes").items()}
+        for name in ("seed", "iterations"):
+            if not _is_int(getattr(self, name)):
+                raise UsageError(f"--{name} {getattr(self, name)!r}: must be an integer")
         if isinstance(self.load_outputs, (list, tuple)):  # several files: Polygraphy's nargs="+"
             files = [Path(p) for p in self.load_outputs]
             self.load_outputs = None if not files else files[0] if len(files) == 1 else files
@@ -165,10 +206,10 @@ class Tolerances:
         self.rtol = _per_output(self.rtol, 1e-5, "--rtol", lambda t: parse_tolerance(t, 1e-5, "--rtol"))
         self.check_error_stat = _per_output(self.check_error_stat, "elemwise", "--check-error-stat", parse_error_stat)
         self.error_quantile = _one_value(self.error_quantile, 0.99, "--error-quantile", float)
-        if not 0.0 <= self.error_quantile <= 1.0 or math.isnan(self.error_quantile):
+        if not _is_real(self.error_quantile) or not 0.0 <= self.error_quantile <= 1.0 or math.isnan(self.error_quantile):
             raise UsageError(f"--error-quantile {self.error_quantile}: must lie in [0, 1]")
-        if not (0.0 < self.margin <= 1.0):
-            raise UsageError(f"--margin {self.margin}: must lie in (0, 1] (1 = no headroom)")
+        if not _is_real(self.margin) or not (0.0 < self.margin <= 1.0):
+            raise UsageError(f"--margin {self.margin!r}: must lie in (0, 1] (1 = no headroom)")
 
     def tolerance(self) -> Tolerance:
         return Tolerance(atol=self.atol, rtol=self.rtol, stat=self.check_error_stat, quantile=self.error_quantile,
@@ -296,16 +337,20 @@ class Search:
         if self.objective not in ("count", "flops"):
             raise UsageError(f"--objective {self.objective!r}: choose count or flops")
         self.strategy_option = strategy_options(self.strategy, self.strategy_option)
+        if self.confirm_on is not None:
+            _check_backend(self.confirm_on, "--confirm-on")
+        for name in ("max_evals", "workers"):
+            if getattr(self, name) is not None and not _is_int(getattr(self, name)):
+                raise UsageError(f"--{name.replace('_', '-')} {getattr(self, name)!r}: must be an integer")
+        if self.max_evals is not None and self.max_evals < 1:
+            raise UsageError(f"--max-evals {self.max_evals}: must be at least 1")
+        if self.time_limit is not None and not (_is_real(self.time_limit) and self.time_limit > 0
+                                                and math.isfinite(self.time_limit)):
+            raise UsageError(f"--time-limit {self.time_limit}: must be a positive number of seconds")
 
     def strategy_kwargs(self) -> dict[str, Any]:
         """What the strategy's constructor gets: --direction (for bisect/linear) and the --strategy-option values."""
         return {"direction": self.direction, **self.strategy_option}
-        if self.confirm_on is not None:
-            _check_backend(self.confirm_on, "--confirm-on")
-        if self.max_evals is not None and self.max_evals < 1:
-            raise UsageError(f"--max-evals {self.max_evals}: must be at least 1")
-        if self.time_limit is not None and not (self.time_limit > 0 and math.isfinite(self.time_limit)):
-            raise UsageError(f"--time-limit {self.time_limit}: must be a positive number of seconds")
 
 
 GROUPS: tuple[type, ...] = (Inputs, Tolerances, BackendChoice, Cache, Search)
@@ -559,6 +604,14 @@ def split_options(flat: Mapping[str, Any], groups: tuple[type, ...] = GROUPS, **
     for g in groups:
         whole = given.get(g.__name__)
         mine = {k: v for k, v in flat.items() if by_field[k] is g}
+        if whole is not None and not isinstance(whole, g):
+            # `backend="ort-cuda"`: the keyword named like the flag, which shares its name with the group's slot
+            if g is BackendChoice and isinstance(whole, str):
+                mine.setdefault("backend", whole)
+                whole = None
+            else:
+                raise UsageError(f"{type(whole).__name__} {whole!r} given where a bisector.{g.__name__}(...) "
+                                 f"belongs")
         if whole is not None:
             out[g] = dataclasses.replace(whole, **mine) if mine else whole
         else:

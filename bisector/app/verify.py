@@ -67,8 +67,11 @@ def _recorded_inputs(recorded: Constraints, options: dict) -> Inputs | None:
     """The recorded generated-input settings (seed, ranges, shapes, iterations), unless the caller gives inputs."""
     info = recorded.inputs
     given = {f.name for f in dataclasses.fields(Inputs)} & {k for k, v in options.items() if v}
-    if given & {"load_inputs"}:
+    if given & {"load_inputs", "data_loader_script"}:
         return None
+    if info.get("source") == "script":  # not run from the file's say-so: a constraints.json may come from elsewhere
+        raise UsageError(f"the constraints were found with inputs from the data loader script {info.get('script')}: "
+                         "pass it with --data-loader-script (generated inputs would judge something else)")
     if info.get("source") == "file":
         files = [Path(p) for p in info.get("files", [])]
         if files and all(p.is_file() for p in files):
@@ -77,9 +80,12 @@ def _recorded_inputs(recorded: Constraints, options: dict) -> Inputs | None:
                          "there now: pass them with --load-inputs (generated inputs would judge something else)")
     if info.get("source") != "generated":
         return None
-    base = {"val_range": {k: tuple(v) for k, v in info.get("val_range", {}).items()},
-            "input_shapes": {k: tuple(v) for k, v in info.get("shapes", {}).items()},
-            "seed": int(info.get("seed", 1)), "iterations": int(info.get("iterations", 1))}
+    try:  # the recorded values are checked by Inputs like flags; here only their JSON shape
+        base = {"val_range": {k: tuple(v) for k, v in info.get("val_range", {}).items()},
+                "input_shapes": {k: tuple(v) for k, v in info.get("shapes", {}).items()},
+                "seed": int(info.get("seed", 1)), "iterations": int(info.get("iterations", 1))}
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise UsageError(f"the constraints' recorded inputs are malformed ({exc}): {info!r:.200}") from None
     for k in given:
         base.pop(k, None)
     return Inputs(**base, **{k: options.pop(k) for k in list(options) if k in given})

@@ -97,7 +97,7 @@ class Constraints(BaseModel):
             raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
         try:
             doc = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as exc:
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # RecursionError: [[[[… nested too deep
             raise UsageError(f"{path} is not a bisector constraints.json (not JSON: {exc})") from None
         if not isinstance(doc, dict):
             raise UsageError(f"{path} is not a bisector constraints.json (not a JSON object)")

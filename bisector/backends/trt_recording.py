@@ -316,7 +316,7 @@ def _load_callable(path: Path, func: str) -> Any:
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # sys.exit() in a script is its failure, not bisector's exit
         raise UsageError(f"importing {path} failed: {type(exc).__name__}: {exc}") from None
     obj = getattr(module, func, None)
     if obj is None:
@@ -346,7 +346,7 @@ def run_postprocess_script(script: str | os.PathLike[str], catalog: "Catalog") -
         fn = _load_callable(path, func)
         try:
             fn(network=network)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             raise UsageError(f"{path}:{func} failed on the model's layers: {type(exc).__name__}: {exc}") from None
     layers = match_layers(network, catalog.names, subgraph_aliases(catalog.model))
     fp32 = {node for node, idx in layers.items() if any(network.get_layer(i).kept_fp32() for i in idx)}

@@ -28,7 +28,8 @@ from bisector.model.inputs import inputs_digest
 from bisector.model.polyjson import Feeds, load_golden_runner
 
 log = logging.getLogger("bisector")
-GOLDEN_FORMAT = "golden-v1"
+GOLDEN_FORMAT = "golden-v2"  # v2: each entry carries a checksum of its arrays (`_DIGEST`)
+_DIGEST = "__digest__"
 
 
 @dataclass
@@ -97,11 +98,13 @@ def get_golden(
             try:
                 with np.load(path, allow_pickle=False) as data:  # one array in memory at a time
                     outs = [{k: spill(data[f"{i}/{k}"]) for k in catalog.output_names} for i in range(len(feeds_list))]
+                    stored = str(data[_DIGEST][()]) if _DIGEST in data.files else None
+                # the entry's own checksum: a bit flip or an edited file (other values, shapes, NaN) is recomputed
+                if stored != inputs_digest(outs):
+                    raise ValueError("its checksum does not match its arrays (damaged or edited)")
                 golden = Golden(outs, "cache", 0, 0.0, path)
                 check_finite(golden)
                 return golden
-            except UsageError:
-                raise
             except Exception as exc:  # a corrupt cache entry is recomputed, never trusted
                 log.warning("ignoring unreadable golden cache %s (%s)", path, exc)
 
@@ -111,6 +114,7 @@ def get_golden(
     check_finite(golden)
     if path is not None:
         arrays = {f"{i}/{k}": v for i, o in enumerate(outs) for k, v in o.items()}
+        arrays[_DIGEST] = np.array(inputs_digest(outs))
         try:
             write_file_atomic(path, lambda f: np.savez(f, **arrays))  # streamed: no second copy in memory
         except UsageError as exc:  # a cache we cannot write costs time, not correctness

@@ -179,7 +179,7 @@ def load_data_script(script: str | Path, catalog: Catalog) -> list[Feeds]:
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     try:
         spec.loader.exec_module(module)  # type: ignore[union-attr]
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # sys.exit() in a script is its failure, not bisector's exit
         raise UsageError(f"--data-loader-script {path}: importing it failed: {type(exc).__name__}: {exc}") from None
     fn = getattr(module, func, None)
     if fn is None:
@@ -189,7 +189,7 @@ def load_data_script(script: str | Path, catalog: Catalog) -> list[Feeds]:
         feeds_list = [{k: np.asarray(v) for k, v in dict(feeds).items()} for feeds in data]
     except UsageError:
         raise
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         raise UsageError(f"--data-loader-script {path}:{func} failed: {type(exc).__name__}: {exc}") from None
     if not feeds_list:
         raise UsageError(f"--data-loader-script {path}:{func} yielded no input set")

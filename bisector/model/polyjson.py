@@ -25,9 +25,9 @@ def encode_array(a: np.ndarray) -> dict[str, str]:
 
 
 def decode_array(obj: Mapping[str, Any], where: str) -> np.ndarray:
-    if obj.get("polygraphy_class") == "LazyArray":
+    if isinstance(obj, Mapping) and obj.get("polygraphy_class") == "LazyArray":
         obj = obj.get("values", {})
-    if obj.get("polygraphy_class") != "ndarray" or "array" not in obj:
+    if not isinstance(obj, Mapping) or obj.get("polygraphy_class") != "ndarray" or "array" not in obj:
         raise UsageError(f"{where}: not a Polygraphy ndarray entry")
     try:
         return np.load(io.BytesIO(base64.b64decode(obj["array"])), allow_pickle=False)
@@ -40,8 +40,34 @@ def _read_json(path: Path) -> Any:
         return json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise UsageError(f"file not found: {path}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, a 5000-digit number, [[[[…
         raise UsageError(f"{path} is not valid JSON ({exc})") from None
+
+
+def run_results_runners(data: Mapping[str, Any], path: object) -> list[tuple[str, list]]:
+    """`lst` of a RunResults document as (runner name, iterations) pairs, its shape checked: a file that is not
+    what it claims is a UsageError naming it, never an internal error."""
+    runs = data.get("lst")
+    if not isinstance(runs, list) or not all(
+            isinstance(r, (list, tuple)) and len(r) == 2 and isinstance(r[0], str) and isinstance(r[1], list)
+            for r in runs):
+        raise UsageError(f"{path}: malformed RunResults ('lst' must be a list of [runner name, iterations] pairs)")
+    return [(r[0], r[1]) for r in runs]
+
+
+def iteration_outputs(it: Any, where: str) -> Mapping[str, Any]:
+    """The `outputs` mapping of one IterationResult (empty where it has none)."""
+    entries = it.get("outputs", {}) if isinstance(it, Mapping) else {}
+    if not isinstance(entries, Mapping):
+        raise UsageError(f"{where}: malformed IterationResult ('outputs' must map names to arrays)")
+    return entries
+
+
+def runner_provenance(data: Mapping[str, Any]) -> Mapping[str, Any]:
+    """bisector's record of each runner's precision in a RunResults file it wrote (empty where absent or odd)."""
+    own = data.get("bisector")
+    runners = own.get("runners") if isinstance(own, Mapping) else None
+    return runners if isinstance(runners, Mapping) else {}
 
 
 def inputs_to_json(feeds_list: Sequence[Mapping[str, np.ndarray]]) -> str:
@@ -75,7 +101,7 @@ def load_run_results(path: Path, runner: str | None = None) -> tuple[str, list[F
     data = _read_json(path)
     if not isinstance(data, dict) or data.get("polygraphy_class") != "RunResults" or "lst" not in data:
         raise UsageError(f"{path}: expected Polygraphy RunResults (polygraphy run --save-outputs)")
-    runs = data["lst"]
+    runs = run_results_runners(data, path)
     if not runs:
         raise UsageError(f"{path}: the RunResults file holds no runner")
     chosen = [r for r in runs if runner is None or r[0] == runner]
@@ -84,7 +110,7 @@ def load_run_results(path: Path, runner: str | None = None) -> tuple[str, list[F
     name, iterations = chosen[0]
     outs = []
     for i, it in enumerate(iterations):
-        entries = it.get("outputs", {}) if isinstance(it, dict) else {}
+        entries = iteration_outputs(it, f"{path}:{name}[{i}]")
         outs.append({k: decode_array(v, f"{path}:{name}[{i}][{k}]") for k, v in entries.items()})
     return name, outs
 
@@ -137,9 +163,8 @@ def load_golden_runner(path: Path | Sequence[Path], runner: str | None = None,
         data = _read_json(one)
         if not isinstance(data, dict) or data.get("polygraphy_class") != "RunResults" or "lst" not in data:
             raise UsageError(f"{one}: expected Polygraphy RunResults (polygraphy run --save-outputs)")
-        runs += data["lst"]
-        if isinstance(data.get("bisector"), dict):
-            provenance.update(data["bisector"].get("runners", {}))
+        runs += run_results_runners(data, one)
+        provenance.update(runner_provenance(data))
     path = ", ".join(map(str, files))  # type: ignore[assignment]
     if not runs:
         raise UsageError(f"{path}: the RunResults file holds no runner")
@@ -166,6 +191,6 @@ def load_golden_runner(path: Path | Sequence[Path], runner: str | None = None,
             f"(--onnxrt), or pass --allow-reduced-golden if this is really what you want")
     outs = []
     for i, it in enumerate(iterations):
-        entries = it.get("outputs", {}) if isinstance(it, dict) else {}
+        entries = iteration_outputs(it, f"{path}:{name}[{i}]")
         outs.append({k: decode_array(v, f"{path}:{name}[{i}][{k}]") for k, v in entries.items()})
     return name, outs, precision
