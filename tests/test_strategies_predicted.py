@@ -891,3 +891,74 @@ def test_twin_nodes_change_the_same_values_and_the_ranking_runs_one_of_them(tmp_
         assert vector_ranking.RankingHint(oracle).runs == len(cands) - 5
     finally:
         job.close()
+
+
+def test_vectors_that_cannot_wait_on_disk_rank_in_one_pass_at_the_elements_all_fp16_errs_most(monkeypatch):
+    """Where the vectors fit no temporary file (an image segmenter's 30 M output numbers x 727 candidates), the
+    elements come from the all-FP16 plan's error (one run) and every candidate runs once, not twice: exact where
+    that plan's largest errors hold the top k, as the root-sum-square model says they do."""
+    import tempfile
+
+    from bisector.search import vector_ranking
+
+    rng = np.random.default_rng(7)
+    n, size, k = 40, 5000, 64  # PRESELECT x k = 256 of 5000 elements kept
+    rows = [rng.standard_normal(size).astype(np.float32) * rng.uniform(0.1, 3) for _ in range(n)]
+    z = np.stack(rows)
+    ss = (z.astype(np.float64) ** 2).sum(0)
+    want = z[:, np.argsort(-ss)[:k]]
+    calls = [0]
+
+    def vector(i):
+        calls[0] += 1
+        return rows[i].copy()
+
+    def no_disk(*a, **kw):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", no_disk)
+    everything = [0]
+
+    def all_fp16():  # the model's own picture of the all-FP16 plan: c·sqrt(Σ z²), c arbitrary
+        everything[0] += 1
+        return (3.0 * np.sqrt(ss)).astype(np.float32)
+
+    got = vector_ranking._at_risk(vector, list(range(n)), size, k, everything=all_fp16)
+    assert calls[0] == n and everything[0] == 1 and np.array_equal(got, want)
+    # twins run once and share the row, as in the other paths
+    rep = [0, 0] + list(range(2, n))
+    calls[0] = 0
+    got = vector_ranking._at_risk(vector, rep, size, k, everything=all_fp16)
+    assert calls[0] == n - 1 and np.array_equal(got[0], got[1])
+    # a poor all-FP16 picture still gives k columns of every candidate's vector (a ranking, not an exact one)
+    got = vector_ranking._at_risk(vector, list(range(n)), size, k,
+                                  everything=lambda: rng.standard_normal(size).astype(np.float32))
+    assert got.shape == (n, k) and all(np.isin(got[i], rows[i]).all() for i in range(n))
+
+
+def test_the_ranking_passes_the_all_fp16_errors_to_the_one_pass_fallback(monkeypatch):
+    """`_rank` hands `_at_risk` the all-FP16 plan's scaled errors (one emulator run, counted with the runs)."""
+    from bisector.app.job import open_job
+    from bisector.app.options import options_from_flags
+    from bisector.search import vector_ranking
+
+    job = open_job(ROOT / "fixtures" / "constructs" / "constant_fills.onnx", no_cache=True,
+                   **options_from_flags(["--atol", "1e-4", "--rtol", "1e-4"]))
+    try:
+        oracle = job.oracle()
+        seen: dict = {}
+        real = vector_ranking._at_risk
+
+        def spy(vector, rep, size, k, threads=None, on_run=None, everything=None):
+            seen["all"] = everything()
+            seen["size"] = size
+            return real(vector, rep, size, k, threads, on_run)
+
+        monkeypatch.setattr(vector_ranking, "_at_risk", spy)
+        stats: dict = {}
+        rank = predicted_ranking(oracle, [], None, min_elements=0, stats=stats, top=64)  # 288 numbers > k = 64
+        assert sorted(rank) == sorted(oracle.candidates)
+        assert seen["all"].shape == (seen["size"],) and np.isfinite(seen["all"]).all()
+        assert np.abs(seen["all"]).max() > 0  # the all-FP16 plan errs somewhere: its error, not zeros
+    finally:
+        job.close()
