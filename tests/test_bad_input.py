@@ -552,3 +552,10 @@ def test_network_postprocess_script_that_calls_sys_exit_is_exit_2(tmp_path, caps
     code = main_cli("run", SEED, "--trt", "--fp16", "--onnxrt", "--trt-npps", script)
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert code == 2 and last.startswith("bisector: error: ") and fragment in last and "SystemExit" in last, (code, last)
+
+
+def test_a_seed_whose_last_input_set_passes_2_to_the_32(tmp_path):
+    """Input set i is generated from seed + i (Polygraphy's data loader): the last must stay below 2**32."""
+    r = run_cli("precision", SEED, "--fp16", "--atol", "1e-1", "--seed",
+                str(2**32 - 1), "--iterations", "2", "-o", tmp_path / "o", "--no-cache")
+    assert r.returncode == 2 and "--iterations 2" in r.stderr and "internal error" not in r.stderr, r.stderr

@@ -305,6 +305,13 @@ def test_debug_replay_saved_and_loaded(work):
     assert runs(work) == first
     (work / "poly.json").write_text(json.dumps({"_N0": {"success": True}}))
     assert main_cli(*args, "--load-debug-replay", "poly.json", "--check", PY, "needs.py") == 2
+    # a replay edited by hand or nested past Python's recursion limit: exit 2 naming the file, not internal error
+    for name, text in (("bad_entry.json", json.dumps({"bisector_verdicts": [5]})),
+                       ("no_fp32.json", json.dumps({"bisector_verdicts": [{"passed": True}]})),
+                       ("deep.json", '{"bisector_verdicts": ' + "[" * 100_000 + "]" * 100_000 + "}")):
+        (work / name).write_text(text)
+        r = run_cli(*args, "--load-debug-replay", name, "--check", PY, "needs.py", cwd=work)
+        assert r.returncode == 2 and name in r.stderr and "internal error" not in r.stderr, r.stderr
 
 
 def test_time_limit_stops_a_long_check_as_budget(work):

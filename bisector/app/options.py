@@ -181,6 +181,9 @@ class Inputs:
             raise UsageError(f"--iterations {self.iterations}: must be at least 1")
         if self.seed < 0 or self.seed >= 2**32:
             raise UsageError(f"--seed {self.seed}: must lie in [0, 2**32)")
+        if self.seed + self.iterations - 1 >= 2**32:  # input set i is generated from seed + i, as in Polygraphy
+            raise UsageError(f"--seed {self.seed} with --iterations {self.iterations}: the last input set's seed "
+                             f"({self.seed + self.iterations - 1}) must lie below 2**32")
 
 
 @dataclass

@@ -188,13 +188,17 @@ def load_replay(path: Path) -> dict[frozenset[str], CheckVerdict]:
         doc = json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise UsageError(f"--load-debug-replay: {path} not found") from None
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"--load-debug-replay {path}: not JSON ({exc})") from None
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: JSON nested past Python's limit
+        raise UsageError(f"--load-debug-replay {path}: not JSON ({type(exc).__name__}: {exc})") from None
     if not isinstance(doc, dict) or "bisector_verdicts" not in doc:
         raise UsageError(f"--load-debug-replay {path}: not a bisector debug replay (a Polygraphy replay counts "
                          "TensorRT layers by iteration and cannot be mapped onto ONNX node sets; bisector's journal "
                          "already skips every candidate judged before with the same model and check)")
-    return {frozenset(d["fp32"]): CheckVerdict.from_json(d) for d in doc["bisector_verdicts"]}
+    try:
+        return {frozenset(d["fp32"]): CheckVerdict.from_json(d) for d in doc["bisector_verdicts"]}
+    except (TypeError, KeyError, ValueError, AttributeError) as exc:  # a replay edited by hand or cut short
+        raise UsageError(f"--load-debug-replay {path}: not a readable bisector debug replay "
+                         f"({type(exc).__name__}: {exc})") from None
 
 
 def replay_document(history: Sequence[Verdict], description: dict[str, Any]) -> dict:
