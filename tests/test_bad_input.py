@@ -123,7 +123,14 @@ def test_nan_in_golden_outputs(tmp_path):
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), model)
     r = run_cli("precision", model, *BASE, "--val-range", "x:[-2,-1]", "-o", tmp_path / "o", "--cache-dir", tmp_path)
     _assert_usage_error(r, "NaN")
+    assert "--val-range" in r.stderr and "itself holds" not in r.stderr
     assert not (tmp_path / "o" / "constraints.json").exists()
+    # loaded inputs that hold NaN themselves: the message names them, not --val-range
+    np.savez(tmp_path / "nan_in.npz", x=np.array([1.0, np.nan, 4.0, np.inf], np.float32))
+    r = run_cli("precision", model, *BASE, "--load-inputs", tmp_path / "nan_in.npz", "-o", tmp_path / "o2",
+                "--cache-dir", tmp_path)
+    _assert_usage_error(r, "itself holds NaN or Inf in 'x'")
+    assert "--val-range" not in r.stderr
 
 
 def test_all_fp16_already_passing_reports_an_empty_set(tmp_path):

@@ -111,7 +111,7 @@ def get_golden(
     t0 = time.perf_counter()
     outs = run_reference_model(catalog, feeds_list)
     golden = Golden(outs, "computed", len(feeds_list), time.perf_counter() - t0, path)
-    check_finite(golden)
+    check_finite(golden, feeds_list)
     if path is not None:
         arrays = {f"{i}/{k}": v for i, o in enumerate(outs) for k, v in o.items()}
         arrays[_DIGEST] = np.array(inputs_digest(outs))
@@ -221,16 +221,22 @@ def spill(a: np.ndarray) -> np.ndarray:
     return np.load(path, mmap_mode="r")
 
 
-def check_finite(golden: Golden) -> None:
-    """NaN/Inf in the FP32 reference make every comparison meaningless: stop, do not search blindly."""
+def check_finite(golden: Golden, feeds_list: Sequence[Feeds] = ()) -> None:
+    """NaN/Inf in the FP32 reference make every comparison meaningless: stop, do not search blindly. Where the
+    input set itself holds NaN/Inf (loaded inputs, a data loader script), the message says so: --val-range is no
+    cause there."""
     for i, outs in enumerate(golden.outputs):
         for name, a in outs.items():
             if np.issubdtype(a.dtype, np.floating) and not np.all(np.isfinite(a)):
                 n_nan, n_inf = int(np.isnan(a).sum()), int(np.isinf(a).sum())
+                feeds = feeds_list[i] if i < len(feeds_list) else {}
+                bad = [k for k, v in feeds.items()
+                       if np.issubdtype(np.asarray(v).dtype, np.floating) and not np.all(np.isfinite(v))]
+                cause = (f"Input set {i} itself holds NaN or Inf in {', '.join(map(repr, bad))}: give finite inputs."
+                         if bad else "Check the model and the input ranges (--val-range) first.")
                 raise UsageError(
                     f"the FP32 golden output {name!r} (input set {i}, source {golden.source}) contains "
-                    f"{n_nan} NaN and {n_inf} Inf values; comparisons against it are meaningless. Check the model "
-                    f"and the input ranges (--val-range) first."
+                    f"{n_nan} NaN and {n_inf} Inf values; comparisons against it are meaningless. {cause}"
                 )
 
 
