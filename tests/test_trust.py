@@ -478,3 +478,25 @@ def test_files_committed_together_are_renamed_only_once_all_are_on_the_disk(tmp_
     monkeypatch.undo()
     files.write_files_atomic(items)  # and without the failure: every file new, in one commit
     assert {n: (tmp_path / n).read_text() for n in names} == {n: "new " + n for n in names}
+
+
+def test_an_output_name_with_a_newline_stays_on_one_line(tmp_path, capsys):
+    """A graph output named "y\\nFAKE" printed raw by `verify` ("pass y", then a line "FAKE: ...") and `run` could
+    forge a line of the report; each line names it escaped."""
+    from onnx import TensorProto, helper
+
+    from .test_bad_input import _model
+
+    name = "y\nFAKE"
+    model = _model(tmp_path / "nl.onnx", [helper.make_node("Relu", ["x"], [name], name="relu")],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                   [helper.make_tensor_value_info(name, TensorProto.FLOAT, [2, 4])])
+    out = tmp_path / "o"
+    assert main_cli("precision", model, "--fp16", "--atol", "1e-1", "-o", out, "--cache-dir", tmp_path / "c",
+                    "--no-progress") == 0
+    capsys.readouterr()
+    assert main_cli("verify", model, "--constraints", out / "constraints.json", "--cache-dir", tmp_path / "c") == 0
+    assert main_cli("run", model, "--onnxrt", "--trt", "--fp16", "--atol", "1e-1", "--cache-dir", tmp_path / "c") == 0
+    cap = capsys.readouterr()
+    text = cap.out + cap.err
+    assert "y\\nFAKE" in text and not re.search(r"(?m)^FAKE", text), text

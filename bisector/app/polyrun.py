@@ -30,6 +30,7 @@ from bisector.errors import UsageError
 from bisector.model.catalog import Catalog, check_comparable_outputs
 from bisector.model.polyjson import Feeds
 from bisector.model.weights import ort_session
+from bisector.text import one_line
 
 log = logging.getLogger("bisector")
 
@@ -389,7 +390,7 @@ def _compare_runners(other: RunnerResult, golden: RunnerResult, tol, comparison:
                 c.passed, c.stat = ok, f"indices (index tolerance {comparison.index_tolerance})"
                 c.reason = reason
                 why[t] = reason
-                report.append(f"[I]     Comparing Output: '{t}' with index tolerance {comparison.index_tolerance}")
+                report.append(f"[I]     Comparing Output: '{one_line(t)}' with index tolerance {comparison.index_tolerance}")
                 report.append(f"[{'I' if ok else 'E'}]         {'PASSED' if ok else 'FAILED'} | Output: '{t}'"
                               + (f" | {reason}" if reason else ""))
             else:

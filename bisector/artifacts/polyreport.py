@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from bisector.compare import EPSILON, OutputComparison
+from bisector.text import one_line
 
 
 def _f(x: float) -> str:
@@ -56,6 +57,7 @@ def _desc(a: np.ndarray) -> str:
 def format_pair_output(name: str, actual: np.ndarray, golden: np.ndarray, c: OutputComparison, runner: str,
                        reference: str, quantile: float | None = None) -> list[str]:
     """One output of `A vs. B`, as Polygraphy's simple comparison prints it (histograms when it fails)."""
+    name = one_line(name)  # a model's output name may hold a newline: each line of the report stays one line
     lines = [f"[I]     Comparing Output: '{name}' {_desc(actual)} with '{name}' {_desc(golden)}",
              f"[I]         Tolerance: [abs={c.atol:.5g}, rel={c.rtol:.5g}] | Checking {c.stat} error"]
     if c.reason:

@@ -6,6 +6,7 @@ from typing import Mapping
 
 from bisector.model.catalog import Catalog
 from bisector.compare import OutputComparison, histogram
+from bisector.text import one_line
 
 
 def _stats(s: Mapping[str, float]) -> str:
@@ -14,7 +15,7 @@ def _stats(s: Mapping[str, float]) -> str:
 
 def format_comparison(r: OutputComparison) -> str:
     lines = [
-        f"[I] Comparing '{r.name}'",
+        f"[I] Comparing '{one_line(r.name)}'",
         f"        Tolerance: [abs={r.atol:g}, rel={r.rtol:g}] | Checking {r.stat} error",
         f"        actual | Stats: {_stats(r.actual)}",
         f"        golden | Stats: {_stats(r.golden)}",
@@ -31,7 +32,7 @@ def format_comparison(r: OutputComparison) -> str:
             lines.append(f"        Mismatched elements: {r.mismatches} / {r.size}")
         if not r.passed and r.absdiff is not None:
             lines += ["        ---- Absolute difference histogram ----", histogram(r.absdiff)]
-    lines.append(f"[{'I' if r.passed else 'E'}]     {'PASSED' if r.passed else 'FAILED'} | Output: '{r.name}'")
+    lines.append(f"[{'I' if r.passed else 'E'}]     {'PASSED' if r.passed else 'FAILED'} | Output: '{one_line(r.name)}'")
     return "\n".join(lines)
 
 
