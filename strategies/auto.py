@@ -156,7 +156,6 @@ class Auto(GroupTesting):
         predicted_shrink: bool = False,
         diffuse_after_ranked: int = 4,
         near_all: float = 0.05,
-        dense_check: bool = True,
     ) -> None:
         super().__init__(prior_decay, use_scores, power_of_two, smart_split, prior_power)
         self.diffuse_after = diffuse_after
@@ -175,7 +174,6 @@ class Auto(GroupTesting):
         self.predicted_shrink = predicted_shrink
         self.diffuse_after_ranked = diffuse_after_ranked
         self.near_all = near_all  # a passing prefix leaving at most this share FP16: checked member by member
-        self.dense_check = dense_check  # no group test passed before the switch: the check on all, no ranking
         self._switch_after = diffuse_after
         self._model: object = None
 
@@ -491,20 +489,6 @@ class Auto(GroupTesting):
     def _diffuse(self, ask: Asker, cands: list[str], found: list[str],
                  hints: Mapping[str, object]) -> frozenset[str] | None:
         n = len(cands)
-        state = getattr(self, "_at_switch", None)
-        if self.dense_check and state and state[1] == state[0] and ask(frozenset(cands)):
-            # Every group test before the switch failed, down to single nodes: no candidate was cleared, and each
-            # culprit fails alone. Then most single nodes fail alone (at p = 0.5 five isolations with no passing
-            # half come one time in 32), and the answer is most of the model: ddddocr's older recogniser at 3e-3
-            # (142 of 147; the only such switch over the 29 registry cases), a dynamically quantized IS-Net (727
-            # candidates, about 690), where the ranking's single-node runs took 658 s only to say so. The check
-            # below asks what the near-all path asks after a ranking: each member's removal from the (passing)
-            # whole, the culprits' removals known already.
-            ask.phase = "verify"
-            self._estimate(ask, n, n, diffuse=True, size=n, evaluations=len(ask.memo) + n + 2, at_most_set=True)
-            head = set(found)
-            return self._one_minimal(ask, frozenset(cands),
-                                     [x for x in reversed(cands) if x not in head] + list(reversed(found)))
         width = ask.parallel
         costs = _positive_map(hints.get("costs"), cands)
         if costs is not None:
