@@ -6,6 +6,7 @@
     python bench/strategies.py --registry # only the real models from registry wheels (bench/registry_models.py)
     python bench/strategies.py --workers  # only the parallel-rounds benchmark (P = 1, 2, 4, 8)
     python bench/strategies.py --diffuse --auto shrink=groups --auto cyclic=true   # auto with options
+    python bench/strategies.py --registry --shared-pool   # the real models' sessions as the `bisector` command runs them
 
 Counts DISTINCT sets asked (the driver caches repeats). ``run_on_oracle`` is the hook for real fixtures: give it
 candidates and a ``passes`` function (e.g. the emulate backend's oracle) and it runs every strategy on it.
@@ -625,7 +626,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--also", action="append", default=[], metavar="KEY=VALUE",
                     help="also run auto with this option on top of --auto's (row 'auto+'; --large-diffuse and the "
                          "diffuse tables), before/after in one run")
+    ap.add_argument("--shared-pool", action="store_true",
+                    help="run the real-model oracles' sessions on ONNX Runtime's shared thread pool, as the "
+                         "`bisector` command does (default: a pool per session, as the Python API does; the two "
+                         "give other bits in some kernels, and so other searches near the tolerance: "
+                         "docs/benchmarks.md, 'Issue 15, twenty-eighth round')")
     args = ap.parse_args(argv)
+    if args.shared_pool:
+        import os
+
+        os.environ["BISECTOR_SHARED_POOL"] = "1"  # read when the first session asks (bisector.ort_pool.shared)
     for items, into in ((args.auto, AUTO_OPTIONS), (args.also, ALSO_OPTIONS)):
         for item in items:
             key, _, value = item.partition("=")
