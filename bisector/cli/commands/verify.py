@@ -13,7 +13,6 @@ from typing import Annotated
 import typer
 
 from bisector.app.options import BackendChoice, Cache, Inputs, Tolerances
-from bisector.text import one_line
 from bisector.cli.options import (Fp16, JsonOut, JunitOut, Model, Verbose, command, human_output, setup_logging,
                                   write_json)
 
@@ -33,7 +32,7 @@ def verify(model: Model, constraints: Recorded, check_minimal: CheckMinimal = Fa
                    **_given(opts))
     say = human_output(json_out)
     for name, c in r.verdict.outputs.items():
-        say(f"{'pass' if c.passed else 'FAIL'} {one_line(name)}: {c.stat} error needs abs {c.required_abs:.4g} / rel "
+        say(f"{'pass' if c.passed else 'FAIL'} {api.one_line(name)}: {c.stat} error needs abs {c.required_abs:.4g} / rel "
             f"{c.required_rel:.4g} (tolerance abs {c.atol:g} / rel {c.rtol:g}"
             # with headroom the bar is lower than the tolerance: say so, or a FAIL within tolerance reads as a bug
             + (f", times the margin {c.margin:g}: excess {c.excess:.3g} > {c.margin:g}" if not c.passed and c.margin < 1
