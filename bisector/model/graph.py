@@ -8,6 +8,7 @@ for the handful of walks below, so this stays a small module on the protobuf the
 
 from __future__ import annotations
 
+import heapq
 from typing import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -94,8 +95,6 @@ def sort_topologically(graph: onnx.GraphProto) -> int:
         in_order = in_order and all(d < i for d in deps)
     if in_order:
         return moved
-    import heapq
-
     readers: dict[int, list[int]] = {}
     waiting = [len(d) for d in needs]
     for i, deps in enumerate(needs):
