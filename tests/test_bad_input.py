@@ -566,3 +566,42 @@ def test_a_seed_whose_last_input_set_passes_2_to_the_32(tmp_path):
     r = run_cli("precision", SEED, "--fp16", "--atol", "1e-1", "--seed",
                 str(2**32 - 1), "--iterations", "2", "-o", tmp_path / "o", "--no-cache")
     assert r.returncode == 2 and "--iterations 2" in r.stderr and "internal error" not in r.stderr, r.stderr
+
+
+# -- flag lists for scripts (options_from_flags) and API keywords of the wrong type ----------------------------
+
+
+@pytest.mark.parametrize(("flags", "want"), [
+    (["--seed", "3"], {"seed": 3}),
+    (["--iterations", "2"], {"iterations": 2}),
+    (["--margin", "0.9"], {"margin": 0.9}),
+    (["--max-evals", "10"], {"max_evals": 10}),
+    (["--time-limit", "60"], {"time_limit": 60.0}),
+    (["--workers", "2"], {"workers": 2}),
+    (["--atol", "1e-3", "--seed", "7"], {"atol": ["1e-3"], "seed": 7}),
+])
+def test_flag_lists_give_the_options_the_cli_gives(flags, want):
+    """A script's Polygraphy-style flag list gives typed options, as the CLI's parser does: `--seed 3` used to
+    arrive as the text '3' and end in "--seed '3': must be an integer" (`--workers 2`: a TypeError)."""
+    from bisector.app.options import options_from_flags, split_options
+
+    got = options_from_flags(flags)
+    assert got == want
+    split_options(got)  # the option groups accept them
+
+
+@pytest.mark.parametrize("flags", [["--seed", "x"], ["--workers", "two"], ["--margin", "most"]])
+def test_flag_lists_with_a_bad_number_say_which_flag(flags):
+    from bisector.app.options import options_from_flags
+
+    with pytest.raises(UsageError, match=flags[0]):
+        options_from_flags(flags)
+
+
+@pytest.mark.parametrize("value", ["2", 2.5, True])
+def test_workers_of_the_wrong_type_is_a_usage_error(value):
+    """`workers="2"` through the API compared a string with 1 (TypeError, an internal error)."""
+    from bisector.app.options import Search
+
+    with pytest.raises(UsageError, match="--workers"):
+        Search(workers=value)

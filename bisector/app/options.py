@@ -330,6 +330,9 @@ class Search:
                                      "auto (RAY_ADDRESS or the local cluster) or local (start one here).")
 
     def __post_init__(self) -> None:
+        for name in ("max_evals", "workers"):  # before any comparison: workers="2" is a message, not a TypeError
+            if getattr(self, name) is not None and not _is_int(getattr(self, name)):
+                raise UsageError(f"--{name.replace('_', '-')} {getattr(self, name)!r}: must be an integer")
         if self.workers is not None and self.workers < 1:
             raise UsageError(f"--workers {self.workers}: must be at least 1")
         if self.ray is not None and not (self.ray in ("auto", "local") or self.ray.startswith("ray://")
@@ -342,9 +345,6 @@ class Search:
         self.strategy_option = strategy_options(self.strategy, self.strategy_option)
         if self.confirm_on is not None:
             _check_backend(self.confirm_on, "--confirm-on")
-        for name in ("max_evals", "workers"):
-            if getattr(self, name) is not None and not _is_int(getattr(self, name)):
-                raise UsageError(f"--{name.replace('_', '-')} {getattr(self, name)!r}: must be an integer")
         if self.max_evals is not None and self.max_evals < 1:
             raise UsageError(f"--max-evals {self.max_evals}: must be at least 1")
         if self.time_limit is not None and not (_is_real(self.time_limit) and self.time_limit > 0
@@ -644,5 +644,19 @@ def options_from_flags(tokens: list[str]) -> dict[str, Any]:
         elif not values:
             out[f.name] = not tokens[i - 1].startswith("--no-")
         else:
-            out[f.name] = values[0]
+            out[f.name] = _flag_value(tokens[i - 1 - len(values)], values[0], f.type)
     return out
+
+
+def _flag_value(flag: str, text: str, annotation: Any) -> Any:
+    """A flag's text as the CLI's parser gives it to the option: a number for the int and float options
+    (`--seed 3`, `--margin 0.9`, `--workers 2`), the text otherwise (the option checks it)."""
+    kind = str(annotation).replace("Optional[", "").rstrip("]")
+    try:
+        if kind == "int":
+            return int(text)
+        if kind == "float":
+            return float(text)
+    except ValueError:
+        raise UsageError(f"{flag} {text!r}: must be {'an integer' if kind == 'int' else 'a number'}") from None
+    return text
