@@ -44,6 +44,8 @@ MINIMAL = ["auto", "gt", "greedy", "ddmin"]
 AUTO_OPTIONS: dict[str, object] = {}  # --auto KEY=VALUE: constructor options for auto (e.g. shrink=groups)
 ALSO_OPTIONS: dict[str, object] = {}  # --also KEY=VALUE: a second auto row ("auto+") with these options on top
 IDLE = True  # --no-idle: the oracle judges every set as asked, idle FP32 members included (before the 26th round)
+ONLY_STRATEGIES: list[str] | None = None  # --strategies: the diffuse tables' rows to run (e.g. auto,auto+)
+INPUT_SEED: int | None = None  # --input-seed: other generated inputs (and text image) for the real-model cases
 USE_EXCESS = True  # --no-excess: strategies get pass/fail only (no `excess` hint), as before the hint existed
 
 
@@ -201,8 +203,16 @@ def _diffuse_table(cases: list[tuple[str, Sequence[str], Callable, int | None]],
     size_ratios, eval_ratios = [], []
     plus_sizes, plus_evals = [], []
     rows = MINIMAL + (["auto+"] if ALSO_OPTIONS else [])
+    if ONLY_STRATEGIES:
+        rows = [s for s in rows if s in ONLY_STRATEGIES]
     for label, cands, f, opt in cases:
         res = run_on_oracle(cands, f, rows)
+        if "gt" not in res:  # --strategies without gt: the rows alone (ratios to another run's table by hand)
+            for s in rows:
+                r = res[s]
+                print(f"| {label} | ? | {s} | {len(r['result'])} | | {r['evaluations']} | | {r['seconds']:.2f} | "
+                      f"{bool(r['passes']) and bool(r['one_minimal'])} |")
+            continue
         if bound:
             smallest = min(len(r["result"]) for r in res.values())
             prefix = _gt_evals_before_switch(cands, f)
@@ -257,6 +267,8 @@ def _gt_evals_before_switch(cands: Sequence[str], f: Callable) -> int | None:
 
 def _summary(label: str, size_ratios: list[float], eval_ratios: list[float], who: str = "auto") -> None:
     n = len(size_ratios)
+    if not n:
+        return  # no ratios (--strategies without gt)
     ok_size = sum(r <= 1.1 for r in size_ratios)
     ok_evals = sum(r <= 0.6 for r in eval_ratios)
     print(f"\n{label}: {who}'s set / smallest found: max {max(size_ratios):.2f}, mean {sum(size_ratios) / n:.2f} "
@@ -299,7 +311,7 @@ def real_models(fixtures: bool = True, registry: bool = True, only: str | None =
     if fixtures:
         models += _fixture_cases(root, Path(tmp.name))
     if registry:
-        models += _registry_cases(Path(tmp.name))
+        models += _registry_cases(Path(tmp.name), only)
     if only:
         models = [m for m in models if only in m[0]]
     cases = []
@@ -402,21 +414,25 @@ REGISTRY_CASES: list[tuple[str, str, list[str]]] = [
 ]
 
 
-def _registry_cases(tmp: Path) -> list[tuple[str, Path, list[str]]]:
+def _registry_cases(tmp: Path, only: str | None = None) -> list[tuple[str, Path, list[str]]]:
     from registry_models import MODELS, fetch
 
     out: list[tuple[str, Path, list[str]]] = []
     paths: dict[str, Path | None] = {}
     for name, label, args in REGISTRY_CASES:
+        if only and only not in f"{name} {label}":
+            continue  # not fetched either (a machine without the network has only the models it was given)
         if name not in paths:
             paths[name] = fetch(name)
         path = paths[name]
         if path is None:
             continue  # fetch() said why
         flags = list(MODELS[name].input_flags)
+        if INPUT_SEED is not None:
+            flags += ["--seed", str(INPUT_SEED)]
         if "@text-image" in args:
             args = [a for a in args if a != "@text-image"]
-            npz = _text_image(tmp / "text.npz")
+            npz = _text_image(tmp / "text.npz", seed=INPUT_SEED or 0)
             if npz is None:
                 print(f"({name} {label}: no Pillow to draw the text image; skipped)")
                 continue
@@ -631,6 +647,12 @@ def main(argv: list[str] | None = None) -> None:
                          "`bisector` command does (default: a pool per session, as the Python API does; the two "
                          "give other bits in some kernels, and so other searches near the tolerance: "
                          "docs/benchmarks.md, 'Issue 15, twenty-eighth round')")
+    ap.add_argument("--strategies", default=None, metavar="A,B",
+                    help="the diffuse tables: run only these rows (e.g. auto,auto+ against a table run before on "
+                         "the same machine; without gt the ratios are left out)")
+    ap.add_argument("--input-seed", type=int, default=None, metavar="N",
+                    help="the real-model cases on other inputs: `--seed N` for generated inputs, the text image "
+                         "drawn with seed N (another draw of each case's oracle: how much of a table is luck)")
     args = ap.parse_args(argv)
     if args.shared_pool:
         import os
@@ -641,7 +663,9 @@ def main(argv: list[str] | None = None) -> None:
             key, _, value = item.partition("=")
             low = value.lower()
             into[key] = (low == "true") if low in ("true", "false") else _number(value)
-    global USE_EXCESS, IDLE
+    global USE_EXCESS, IDLE, INPUT_SEED, ONLY_STRATEGIES
+    INPUT_SEED = args.input_seed
+    ONLY_STRATEGIES = args.strategies.split(",") if args.strategies else None
     USE_EXCESS = not args.no_excess
     IDLE = not args.no_idle
     seeds = args.seeds or (5 if args.quick else 10)
