@@ -39,6 +39,7 @@ from bisector.model import wire
 from bisector.model.optable import (
     NEVER_CANDIDATES,
     is_parameter_input,
+    is_runtime_domain,
     model_opset,
     op_schema,
     supports_fp16,
@@ -148,7 +149,9 @@ class Catalog:
             elif node.op_type in ("Loop", "Scan"):
                 pinned[node.name] = f"control flow ({node.op_type}): its body is not split; kept FP32 as one unit"
             elif not supports_fp16(node.op_type, node.domain, _default_domain_opset(node, opset)):
-                pinned[node.name] = f"{node.op_type} has no FP16 type in the ONNX schema"
+                where = (f"ONNX Runtime's {node.domain} schema" if is_runtime_domain(node.domain)
+                         else "the ONNX schema")
+                pinned[node.name] = f"{node.op_type} has no FP16 type in {where}"
             else:
                 candidates.append(node.name)
         return cls(
