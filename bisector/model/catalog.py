@@ -30,6 +30,7 @@ from bisector.model.graph import (
     node_reads,
     outer_scope_inputs,
     sort_topologically,
+    stored_tensors,
     unique_node_names,
     weight_values,
 )
@@ -90,7 +91,12 @@ class Catalog:
                 from bisector.files import protect
 
                 protect(path, "the input model")  # no output of this process may overwrite it (-o, --json, ...)
-                digest = pool.submit(lambda: _hash_files(head.result(), _external_locations(path, model)))
+                # The locations are read here, from the model as parsed: `model` is rebound to its detached copy
+                # below (stubs without external_data), and a lambda reading it on the pool's thread saw one or the
+                # other as the threads happened to run (the same file hashed two ways: `verify` said the model had
+                # changed since the search)
+                locations = _external_locations(path, model)
+                digest = pool.submit(lambda: _hash_files(head.result(), locations))
                 files = tuple(weight_store.external_files(model, path.parent))
                 model, arrays = weight_store.detach(model, path, raw)  # the parsed weights go with the old protobuf
                 weight_store.page_inline(arrays)
@@ -393,7 +399,9 @@ def _load_model(path: Path) -> tuple[onnx.ModelProto, bool, dict[int, wire.RawDa
 
 
 def _external_locations(path: Path, model: onnx.ModelProto) -> list[Path]:
-    locations = sorted({e.value for t in model.graph.initializer for e in t.external_data if e.key == "location"})
+    """The external data files the model names: its initializers' and its tensor attributes' (a Constant node's
+    value can live in external data too), subgraphs included."""
+    locations = sorted({e.value for t in stored_tensors(model.graph) for e in t.external_data if e.key == "location"})
     return [path.parent / loc for loc in locations]
 
 
