@@ -116,6 +116,39 @@ def test_golden_on_shared_arrays_is_the_files_where_the_transpose_optimizer_rewr
     np.testing.assert_array_equal(golden, expected)
 
 
+def test_a_constants_value_in_external_data_is_read_from_the_models_folder(tmp_path):
+    """onnx.save(..., save_as_external_data=True, convert_attribute=True) writes Constant values to the data file
+    too, and ONNX Runtime runs such a file. The emulator read a Constant's value relative to the working
+    directory: 'internal error: ValidationError: Data of TensorProto ( tensor name: ) should be stored in
+    jarvis.data, but it is not regular file' (openWakeWord's hey_jarvis saved that way)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from .conftest import main_cli
+
+    rng = np.random.default_rng(0)
+    k = helper.make_node("Constant", [], ["k"], name="k", value=numpy_helper.from_array(
+        rng.random((8, 8), dtype=np.float32), "kv"))
+    nodes = [k, helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
+             helper.make_node("Add", ["m", "k"], ["y"], name="add")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 8])],
+                          [numpy_helper.from_array(rng.random((8, 8), dtype=np.float32), "w")])
+    folder = tmp_path / "model"
+    folder.mkdir()
+    path = folder / "m.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path, save_as_external_data=True,
+              all_tensors_to_one_file=True, location="m.data", size_threshold=0, convert_attribute=True)
+    assert any(a.t.data_location == TensorProto.EXTERNAL for n in onnx.load(path, load_external_data=False).graph.node
+               for a in n.attribute)
+    assert main_cli("precision", path, "--fp16", "--atol", "1e-2", "-o", tmp_path / "o", "--no-cache") == 0
+    mixed = ort.InferenceSession(str(tmp_path / "o" / "model.mixed.onnx"), providers=["CPUExecutionProvider"])
+    x = rng.random((8, 8), dtype=np.float32)
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(mixed.run(None, {"x": x})[0], want, atol=1e-2)
+    (folder / "m.data").unlink()
+    assert main_cli("precision", path, "--fp16", "-o", tmp_path / "o2", "--no-cache") == 2  # named, not a bug
+
+
 def test_large_mixed_models_stream_their_weights_to_external_data(tmp_path, monkeypatch):
     """Past EXTERNAL_DATA_FROM_BYTES the mixed model is written as .onnx + .onnx.data from the arrays; it loads
     and computes exactly what the one-file mixed model computes."""

@@ -20,6 +20,7 @@ from onnx import TensorProto
 
 from bisector.errors import UsageError
 from bisector.model.graph import (
+    attribute_tensors,
     constant_fills,
     constant_value,
     fill_spec,
@@ -97,6 +98,7 @@ class Catalog:
                 # changed since the search)
                 locations = _external_locations(path, model)
                 digest = pool.submit(lambda: _hash_files(head.result(), locations))
+                _load_attribute_data(model, path)
                 files = tuple(weight_store.external_files(model, path.parent))
                 model, arrays = weight_store.detach(model, path, raw)  # the parsed weights go with the old protobuf
                 weight_store.page_inline(arrays)
@@ -396,6 +398,23 @@ def _load_model(path: Path) -> tuple[onnx.ModelProto, bool, dict[int, wire.RawDa
         raise UsageError(f"{path} is not a readable ONNX model (no graph)")
     # External data is not loaded here: `weights.detach` maps it from its files (one copy, the file's pages).
     return model, any(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer), raw
+
+
+def _load_attribute_data(model: onnx.ModelProto, path: Path) -> None:
+    """Read into the protobuf the external data of tensors outside the main graph's initializers: a Constant's
+    value (onnx.save(..., convert_attribute=True) writes those to the data file too; ONNX Runtime reads them) and
+    a subgraph's initializers. `weights.detach` maps only the main graph's initializers; a Constant's value left
+    external was read later relative to the working directory ("internal error: ... should be stored in
+    jarvis.data, but it is not regular file")."""
+    from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
+
+    for t in attribute_tensors(model.graph):
+        if uses_external_data(t):
+            try:
+                load_external_data_for_tensor(t, str(path.parent))
+            except Exception as exc:  # a missing or unreadable data file, a location outside the model's folder
+                raise UsageError(f"{path}: the external data of tensor {t.name or '(unnamed)'!r} cannot be read "
+                                 f"({type(exc).__name__}: {exc})") from None
 
 
 def _external_locations(path: Path, model: onnx.ModelProto) -> list[Path]:

@@ -38,6 +38,11 @@ def has_subgraph(node: onnx.NodeProto) -> bool:
 def stored_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
     """Every tensor the graph stores: initializers and tensor attributes (a Constant's value), subgraphs included."""
     yield from graph.initializer
+    yield from attribute_tensors(graph)
+
+
+def attribute_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    """The tensors the graph's nodes hold in attributes (a Constant's value), and everything its subgraphs store."""
     for node in graph.node:
         for a in node.attribute:
             if a.HasField("t"):
