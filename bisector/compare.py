@@ -460,8 +460,14 @@ def _excess_at(ad: np.ndarray, rd: np.ndarray, atol: float, rtol: float,
 
 
 def _excess64(ad: np.ndarray, rd: np.ndarray, atol: float, rtol: float) -> tuple[float, int]:
-    """`_excess_at` of these elements in float64, every one (NaN as inf)."""
-    per_element = np.minimum(_ratio(ad, atol), _ratio(rd, rtol))
+    """`_excess_at` of these elements in float64, every one (NaN as inf).
+
+    A NaN relative error beside a finite absolute one fails the relative check alone: an integer output whose
+    golden is 0 has reldiff 0 / 0 = NaN where it is exact (Polygraphy's integer semantics) and passes on its
+    absolute error, with excess 0. min(0, NaN) made it inf (`verify`: "pass idx: ... inf x the tolerance"; the
+    search's headroom left out). A NaN absolute error is inf as before. (Float outputs never have a NaN
+    relative error beside a finite absolute one: their reldiff divides by |golden| + epsilon.)"""
+    per_element = np.minimum(_ratio(ad, atol), np.where(np.isnan(rd), np.inf, _ratio(rd, rtol)))
     per_element = np.where(np.isnan(per_element), np.inf, per_element)
     if per_element.size == 0:
         return 0.0, 0

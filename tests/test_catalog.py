@@ -47,3 +47,43 @@ def test_shape_arithmetic_is_pinned_but_range_data_is_not_rounded_by_accident():
 def test_every_opset_from_11_to_21_loads(opset):
     cat = Catalog.load(CONSTRUCTS / f"opset_{opset}.onnx")
     assert cat.opset == opset and {"offset_add", "offset_sub", "clip", "mean"} <= set(cat.candidates)
+
+
+def test_the_digest_of_a_model_with_external_data_is_its_files_whatever_the_threads_do(tmp_path, monkeypatch):
+    """The digest hashes the model file on a second thread, then the external data files the model names. Those
+    were read from `model` when that thread got to them, after the loading thread had rebound `model` to its
+    detached copy (stubs, no locations) or before, as the threads happened to run: one file hashed two ways, and
+    `verify` said the model had changed since the search (openWakeWord's melspectrogram saved with external
+    data: 3 of 8 loads). Here the model file's hash is made slow, so the rebind always comes first."""
+    import hashlib
+    import time
+
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    import bisector.model.catalog as catalog_mod
+    from bisector.model.catalog import Catalog
+
+    w = numpy_helper.from_array(np.arange(4096, dtype=np.float32).reshape(64, 64), "w")
+    c = helper.make_node("Constant", [], ["c"], name="const",
+                         value=numpy_helper.from_array(np.ones((64, 64), np.float32), "cv"))
+    g = helper.make_graph([c, helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
+                           helper.make_node("Add", ["m", "c"], ["y"], name="add")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 64])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 64])], initializer=[w])
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path, save_as_external_data=True,
+              all_tensors_to_one_file=False, size_threshold=0, convert_attribute=True)
+    files = sorted(p.name for p in tmp_path.iterdir() if p.name != "m.onnx")
+    assert len(files) == 2  # the initializer's and the Constant's value
+    expected = hashlib.sha256(b"".join((tmp_path / n).read_bytes() for n in ["m.onnx"] + files)).hexdigest()
+
+    hash_files = catalog_mod._hash_files
+
+    def slow(h, paths):
+        time.sleep(0.2)
+        return hash_files(h, paths)
+
+    monkeypatch.setattr(catalog_mod, "_hash_files", slow)
+    assert Catalog.load(path).sha256 == expected

@@ -299,3 +299,42 @@ def test_comparisons_after_the_first_reuse_this_threads_work_arrays(lean):
     kept = compare_output("y", a1, g, _tol("elemwise"), keep_diff=True)
     again = compare_output("y", a2 * 2, g, _tol("elemwise"))  # reuses the work arrays; the kept one is apart
     assert np.array_equal(kept.absdiff, np.abs(a1 - g)) and not again.passed
+
+
+def test_an_exact_integer_output_whose_golden_is_zero_has_no_excess():
+    """Polygraphy's integer comparison divides by |golden| without an epsilon: an exact element whose golden is 0
+    has reldiff 0 / 0 = NaN and passes on its absolute error. Its excess (the smallest tolerance scale that
+    passes) is 0; it was inf (min(0, NaN)), so an int64 ArgMax output of zeros (a diacritizer's gated classes,
+    PyPI text2tashkeel) made `verify` print 'pass ... inf x the tolerance' and the search leave out its headroom."""
+    g = np.array([0, 0, 3, 0, 7], dtype=np.int64)
+    r = compare_output("idx", g.copy(), g, _tol("elemwise", 1e-2, 1e-2, 0.9))
+    assert r.passed and r.mismatches == 0 and r.excess == 0.0
+    a = g.copy()
+    a[1] = 2  # a real mismatch where the golden is 0: absolute error 2, relative inf
+    r = compare_output("idx", a, g, _tol("elemwise", 1e-2, 1e-2, 0.9))
+    assert not r.passed and r.mismatches == 1 and r.excess == pytest.approx(200.0)
+    f = np.array([0.5, np.nan], dtype=np.float32)  # NaN against a finite golden still never passes
+    assert compare_output("y", f, np.array([0.5, 1.0], np.float32), _tol("elemwise", 1e-2, 0.0)).excess == float("inf")
+
+
+def test_the_headroom_of_a_model_with_an_exact_integer_output_is_its_float_outputs(tmp_path):
+    import json
+
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from .conftest import main_cli
+
+    nodes = [helper.make_node("Add", ["x", "b"], ["s"], name="add"), helper.make_node("Mul", ["s", "k"], ["y"], name="mul"),
+             helper.make_node("ArgMax", ["s"], ["idx"], name="argmax", axis=1, keepdims=0)]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 4]),
+                           helper.make_tensor_value_info("idx", TensorProto.INT64, [8])],
+                          [numpy_helper.from_array(np.array([100, 0, 0, 0], np.float32), "b"),
+                           numpy_helper.from_array(np.full(4, 1.001, np.float32), "k")])
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    assert main_cli("precision", path, "--fp16", "--atol", "1e-2", "--rtol", "1e-2", "-o", tmp_path / "o", "--no-cache") == 0
+    c = json.loads((tmp_path / "o" / "constraints.json").read_text())
+    assert c["outputs"]["idx"]["passed"] and c["outputs"]["idx"]["excess"] == 0.0  # argmax is always 0 here
+    assert c["headroom"] == pytest.approx(1 - c["outputs"]["y"]["excess"])  # was None: the int output's inf

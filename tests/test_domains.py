@@ -134,3 +134,41 @@ def test_an_input_with_a_fixed_empty_dimension_is_fed_empty_not_one(tmp_path, ca
     assert "dynamic" not in caplog.text
     assert main_cli("precision", path, "--fp16", "--atol", "1e-2", "-o", tmp_path / "o", "--no-cache") == 0
     assert main_cli("precision", path, "--fp16", "--input-shapes", "like:[1]", "-o", tmp_path / "o2", "--no-cache") == 2
+
+
+def test_a_contrib_operator_without_an_fp16_type_is_pinned_and_the_mixed_model_loads(tmp_path):
+    """DynamicQuantizeLSTM (com.microsoft) takes float32 only: ONNX has no schema for it, ONNX Runtime has. It was
+    a candidate, judged FP16, and the mixed model fed it FP16 (an int8 BiLSTM diacritizer from PyPI: ORT refused
+    to load model.mixed.onnx, "Type 'tensor(float16)' of input parameter ... is invalid")."""
+    from onnx import numpy_helper
+
+    rng = np.random.default_rng(0)
+    hidden, size = 4, 3
+    inits = [numpy_helper.from_array(rng.integers(-20, 20, (1, size, 4 * hidden), dtype=np.int8), "W"),
+             numpy_helper.from_array(rng.integers(-20, 20, (1, hidden, 4 * hidden), dtype=np.int8), "R"),
+             numpy_helper.from_array(np.zeros((1, 8 * hidden), np.float32), "B"),
+             numpy_helper.from_array(np.full((1,), 0.02, np.float32), "ws"),
+             numpy_helper.from_array(np.zeros((1,), np.int8), "wz"),
+             numpy_helper.from_array(np.full((1,), 0.02, np.float32), "rs"),
+             numpy_helper.from_array(np.zeros((1,), np.int8), "rz")]
+    nodes = [helper.make_node("Relu", ["x"], ["xr"], name="relu"),
+             helper.make_node("Unsqueeze", ["xr", "axes"], ["xs"], name="unsq"),
+             helper.make_node("DynamicQuantizeLSTM", ["xs", "W", "R", "B", "", "", "", "", "ws", "wz", "rs", "rz"],
+                              ["h"], name="lstm", domain="com.microsoft", hidden_size=hidden),
+             helper.make_node("Reshape", ["h", "shape"], ["y"], name="reshape")]
+    inits += [numpy_helper.from_array(np.array([1], np.int64), "axes"),
+              numpy_helper.from_array(np.array([2, hidden], np.int64), "shape")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, size])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, hidden])], initializer=inits)
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+                                ir_version=8), path)
+    cat = Catalog.load(path)
+    assert cat.pinned["lstm"] == "DynamicQuantizeLSTM has no FP16 type in ONNX Runtime's com.microsoft schema"
+    assert "lstm" not in cat.candidates and "relu" in cat.candidates
+    assert main_cli("precision", path, "--fp16", "--atol", "1", "-o", tmp_path / "o", "--no-cache") == 0
+    assert "lstm" in json.loads((tmp_path / "o" / "constraints.json").read_text())["pinned"]
+    mixed = tmp_path / "o" / "model.mixed.onnx"
+    x = np.linspace(-1, 1, 2 * size, dtype=np.float32).reshape(2, size)
+    sess = ort.InferenceSession(str(mixed), providers=["CPUExecutionProvider"])  # failed to load before
+    assert sess.run(None, {"x": x})[0].shape == (2, hidden)

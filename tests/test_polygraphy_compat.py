@@ -257,6 +257,20 @@ def test_inspect_data_and_onnxrt_against_loaded(tmp_path, capsys):
     assert main_cli("run", SEED, "--onnxrt", "--load-inputs", inp, "--load-outputs", out) == 0
 
 
+def test_inspect_data_reads_the_npz_input_set_that_save_inputs_writes(tmp_path, capsys):
+    """--save-inputs x.npz writes one input set and --load-inputs reads it; `inspect data` said 'not valid JSON'
+    (exit 2) for it (found on an encoder with int64 ids and a bool mask)."""
+    inp = tmp_path / "in.npz"
+    assert main_cli("run", SEED, "--fp16", "--val-range", "x:[1,2]", "--save-inputs", inp) == 1
+    capsys.readouterr()
+    assert main_cli("inspect", "data", inp) == 0
+    text = capsys.readouterr().out
+    assert "1 iteration(s)" in text and "x [dtype=float32, shape=(1, 1, 256, 256)]" in text
+    (tmp_path / "bad.npz").write_text("not a zip")
+    assert main_cli("inspect", "data", tmp_path / "bad.npz") == 2
+    assert "not a readable .npz" in capsys.readouterr().err
+
+
 def test_quiet_and_excluded_outputs(capsys):
     assert main_cli("run", SEED, "--trt", "--fp16", "--onnxrt", "--val-range", "x:[1,2]", "--trt-outputs", "mark",
                     "all", "--onnx-outputs", "mark", "all", "--onnx-exclude-outputs", "add_out", "-q") == 1

@@ -108,8 +108,9 @@ def trt_network(model: str | Path) -> dict[str, Any]:
 
 
 def inspect_data(path: str | Path) -> dict[str, Any]:
-    """What a Polygraphy inputs file (a list of feed dicts) or RunResults file holds: per iteration and runner,
-    each array's dtype, shape and stats; runners with their precision (provenance)."""
+    """What a Polygraphy inputs file (a list of feed dicts), an .npz input set (--save-inputs x.npz) or a
+    RunResults file holds: per iteration and runner, each array's dtype, shape and stats; runners with their
+    precision (provenance)."""
     import json
 
     import numpy as np
@@ -118,6 +119,19 @@ def inspect_data(path: str | Path) -> dict[str, Any]:
     from bisector.model.polyjson import (decode_array, iteration_outputs, run_results_runners, runner_precision,
                                          runner_provenance)
 
+    def describe(name: str, a: np.ndarray) -> dict[str, Any]:
+        stats = ({"mean": float(np.mean(a)), "min": float(np.min(a)), "max": float(np.max(a))}
+                 if a.size and a.dtype.kind in "fiub" else {})
+        return {"name": name, "dtype": str(a.dtype), "shape": list(a.shape), **stats}
+
+    if Path(path).suffix == ".npz":  # one input set, as --save-inputs writes it and --load-inputs reads it
+        if not Path(path).exists():
+            raise UsageError(f"file not found: {path}")
+        try:
+            with np.load(path, allow_pickle=False) as npz:
+                return {"kind": "inputs", "iterations": [[describe(k, npz[k]) for k in npz.files]]}
+        except Exception as exc:
+            raise UsageError(f"{path}: not a readable .npz ({exc})") from None
     try:
         data = json.loads(Path(path).read_text())
     except FileNotFoundError:
@@ -126,10 +140,7 @@ def inspect_data(path: str | Path) -> dict[str, Any]:
         raise UsageError(f"{path} is not valid JSON ({exc})") from None
 
     def describe_array(name: str, obj: dict) -> dict[str, Any]:
-        a = decode_array(obj, f"{path}:{name}")
-        stats = ({"mean": float(np.mean(a)), "min": float(np.min(a)), "max": float(np.max(a))}
-                 if a.size and a.dtype.kind in "fiub" else {})
-        return {"name": name, "dtype": str(a.dtype), "shape": list(a.shape), **stats}
+        return describe(name, decode_array(obj, f"{path}:{name}"))
 
     if isinstance(data, list):
         if not all(isinstance(feeds, dict) for feeds in data):

@@ -20,6 +20,7 @@ from onnx import TensorProto
 
 from bisector.errors import UsageError
 from bisector.model.graph import (
+    attribute_tensors,
     constant_fills,
     constant_value,
     fill_spec,
@@ -30,6 +31,7 @@ from bisector.model.graph import (
     node_reads,
     outer_scope_inputs,
     sort_topologically,
+    stored_tensors,
     unique_node_names,
     weight_values,
 )
@@ -39,6 +41,7 @@ from bisector.model import wire
 from bisector.model.optable import (
     NEVER_CANDIDATES,
     is_parameter_input,
+    is_runtime_domain,
     model_opset,
     op_schema,
     supports_fp16,
@@ -89,7 +92,13 @@ class Catalog:
                 from bisector.files import protect
 
                 protect(path, "the input model")  # no output of this process may overwrite it (-o, --json, ...)
-                digest = pool.submit(lambda: _hash_files(head.result(), _external_locations(path, model)))
+                # The locations are read here, from the model as parsed: `model` is rebound to its detached copy
+                # below (stubs without external_data), and a lambda reading it on the pool's thread saw one or the
+                # other as the threads happened to run (the same file hashed two ways: `verify` said the model had
+                # changed since the search)
+                locations = _external_locations(path, model)
+                digest = pool.submit(lambda: _hash_files(head.result(), locations))
+                _load_attribute_data(model, path)
                 files = tuple(weight_store.external_files(model, path.parent))
                 model, arrays = weight_store.detach(model, path, raw)  # the parsed weights go with the old protobuf
                 weight_store.page_inline(arrays)
@@ -148,7 +157,9 @@ class Catalog:
             elif node.op_type in ("Loop", "Scan"):
                 pinned[node.name] = f"control flow ({node.op_type}): its body is not split; kept FP32 as one unit"
             elif not supports_fp16(node.op_type, node.domain, _default_domain_opset(node, opset)):
-                pinned[node.name] = f"{node.op_type} has no FP16 type in the ONNX schema"
+                where = (f"ONNX Runtime's {node.domain} schema" if is_runtime_domain(node.domain)
+                         else "the ONNX schema")
+                pinned[node.name] = f"{node.op_type} has no FP16 type in {where}"
             else:
                 candidates.append(node.name)
         return cls(
@@ -389,8 +400,27 @@ def _load_model(path: Path) -> tuple[onnx.ModelProto, bool, dict[int, wire.RawDa
     return model, any(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer), raw
 
 
+def _load_attribute_data(model: onnx.ModelProto, path: Path) -> None:
+    """Read into the protobuf the external data of tensors outside the main graph's initializers: a Constant's
+    value (onnx.save(..., convert_attribute=True) writes those to the data file too; ONNX Runtime reads them) and
+    a subgraph's initializers. `weights.detach` maps only the main graph's initializers; a Constant's value left
+    external was read later relative to the working directory ("internal error: ... should be stored in
+    jarvis.data, but it is not regular file")."""
+    from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
+
+    for t in attribute_tensors(model.graph):
+        if uses_external_data(t):
+            try:
+                load_external_data_for_tensor(t, str(path.parent))
+            except Exception as exc:  # a missing or unreadable data file, a location outside the model's folder
+                raise UsageError(f"{path}: the external data of tensor {t.name or '(unnamed)'!r} cannot be read "
+                                 f"({type(exc).__name__}: {exc})") from None
+
+
 def _external_locations(path: Path, model: onnx.ModelProto) -> list[Path]:
-    locations = sorted({e.value for t in model.graph.initializer for e in t.external_data if e.key == "location"})
+    """The external data files the model names: its initializers' and its tensor attributes' (a Constant node's
+    value can live in external data too), subgraphs included."""
+    locations = sorted({e.value for t in stored_tensors(model.graph) for e in t.external_data if e.key == "location"})
     return [path.parent / loc for loc in locations]
 
 

@@ -35,6 +35,23 @@ def has_subgraph(node: onnx.NodeProto) -> bool:
     return any(a.type in _GRAPH_ATTRS for a in node.attribute)
 
 
+def stored_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    """Every tensor the graph stores: initializers and tensor attributes (a Constant's value), subgraphs included."""
+    yield from graph.initializer
+    yield from attribute_tensors(graph)
+
+
+def attribute_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    """The tensors the graph's nodes hold in attributes (a Constant's value), and everything its subgraphs store."""
+    for node in graph.node:
+        for a in node.attribute:
+            if a.HasField("t"):
+                yield a.t
+            yield from a.tensors
+        for g in subgraphs(node):
+            yield from stored_tensors(g)
+
+
 def inner_nodes(node: onnx.NodeProto) -> Iterator[onnx.NodeProto]:
     """Every node inside the node's subgraphs, nested ones included, depth first."""
     for g in subgraphs(node):

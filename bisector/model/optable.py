@@ -47,13 +47,61 @@ def is_parameter_input(op_type: str, index: int, domain: str = "", opset: int | 
 
 @lru_cache(maxsize=None)
 def op_schema(op_type: str, domain: str, opset: int | None):
-    """The ONNX schema of an operator at an opset (None: the latest; unknown or custom operators: None)."""
+    """The ONNX schema of an operator at an opset (None: the latest); for ONNX Runtime's own domains
+    (com.microsoft, ...) ONNX Runtime's schema; unknown or custom operators: None."""
     try:
         if opset is None:
             return defs.get_schema(op_type, domain=domain)
         return defs.get_schema(op_type, opset, domain=domain)
-    except Exception:  # unknown or custom operator: no schema to consult
+    except Exception:  # not an ONNX operator: ONNX Runtime's contrib operators, or a custom one
+        return _runtime_schema(op_type, domain, opset)
+
+
+def is_runtime_domain(domain: str) -> bool:
+    """A domain whose operators ONNX Runtime defines (contrib operators), not the ONNX standard."""
+    return domain not in ("", "ai.onnx", "ai.onnx.ml") and domain in _runtime_schemas()
+
+
+@lru_cache(maxsize=None)
+def _runtime_schemas() -> dict[str, dict[str, list]]:
+    """ONNX Runtime's registered operator schemas of the domains ONNX does not define, by domain and name (its
+    contrib operators: DynamicQuantizeLSTM takes float32 only, and a mixed model feeding it FP16 does not load)."""
+    try:
+        from onnxruntime.capi import onnxruntime_pybind11_state as C
+
+        schemas = C.get_all_operator_schema()
+    except Exception:  # an ONNX Runtime build without the schema registry: no schema to consult
+        return {}
+    out: dict[str, dict[str, list]] = {}
+    for s in schemas:
+        if s.domain not in ("", "ai.onnx", "ai.onnx.ml"):
+            out.setdefault(s.domain, {}).setdefault(s.name, []).append(s)
+    return out
+
+
+class _Formal:
+    """A formal input/output of an ONNX Runtime schema, spelled as onnx.defs spells it."""
+
+    def __init__(self, p) -> None:
+        self.name, self.type_str = p.name, p.typeStr
+
+
+class _RuntimeSchema:
+    """ONNX Runtime's schema of a contrib operator with the attributes bisector reads from onnx.defs' OpSchema."""
+
+    def __init__(self, s) -> None:
+        self.name, self.domain, self.since_version = s.name, s.domain, s.since_version
+        self.type_constraints = list(s.type_constraints)  # type_param_str, allowed_type_strs: as onnx.defs'
+        self.inputs = [_Formal(p) for p in s.inputs]
+        self.outputs = [_Formal(p) for p in s.outputs]
+
+
+def _runtime_schema(op_type: str, domain: str, opset: int | None):
+    versions = _runtime_schemas().get(domain, {}).get(op_type)
+    if not versions:
         return None
+    fitting = [s for s in versions if opset is None or s.since_version <= opset] or versions
+    return _RuntimeSchema(max(fitting, key=lambda s: s.since_version))
 
 
 def _schema_input_is_fixed_float(op_type: str, index: int, domain: str, opset: int | None) -> bool:

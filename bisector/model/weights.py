@@ -31,7 +31,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from bisector.errors import UsageError
 from bisector.model import pages, wire
-from bisector.model.graph import constant_tensor, copy_without, copy_without_initializers
+from bisector.model.graph import constant_tensor, copy_without, copy_without_initializers, outer_scope_inputs
 
 # Ops whose fast ONNX Runtime CPU kernels need their weights as constants (Conv's NCHWc layout: several times
 # faster) and copy them into their own layout while the session is built: the executor gives them such weights
@@ -369,9 +369,35 @@ def share_into(opts, graph: onnx.GraphProto, values: Mapping[str, np.ndarray]) -
             held.append(ort.OrtValue.ortvalue_from_numpy(v))
     if names:
         opts.add_external_initializers(names, held)
+        in_place = _read_in_place(graph)
         for name, value in zip(names, held):
-            opts.add_initializer(name, value)
+            if name in in_place:
+                opts.add_initializer(name, value)
     return held
+
+
+# Operators whose weight inputs ONNX Runtime's graph optimizers never rewrite under the weight's own name. An
+# `add_initializer` value replaces, by name, whatever initializer the optimized graph holds: where an optimizer
+# rewrote a weight in place (the transpose optimizer transposes an elementwise operand when it pushes a Transpose
+# through an Add, Mul, Sub, ...; it keeps the name), the session ran on the weight as it was, in the old layout.
+# A Transpose pair around an Add of a [1, 1, 1, C] constant failed to broadcast (Yahoo's open_nsfw: the golden run
+# stopped at its first NHWC block) or, where the shapes allowed it, broadcast along the wrong axis: a golden
+# output 1.45 away from what ONNX Runtime gives for the model file. Other weights are handed over with
+# `add_external_initializers` alone, which ONNX Runtime copies: the optimizers then work on its copy.
+_READ_IN_PLACE_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm", "Gather", "LSTM", "GRU", "RNN",
+                                "MatMulInteger", "ConvInteger"})
+
+
+def _read_in_place(graph: onnx.GraphProto) -> set[str]:
+    """The graph's stubs that only operators of _READ_IN_PLACE_OPS read (a subgraph's read disqualifies one)."""
+    readers: dict[str, set[str]] = {}
+    for node in graph.node:
+        for t in node.input:
+            readers.setdefault(t, set()).add(node.op_type)
+        for t in outer_scope_inputs(node):
+            readers.setdefault(t, set()).add("")  # read inside a subgraph
+    return {t.name for t in graph.initializer
+            if is_stub(t) and readers.get(t.name) and readers[t.name] <= _READ_IN_PLACE_OPS}
 
 
 def ort_session(model: onnx.ModelProto, values: Mapping[str, np.ndarray], opts, providers: list[str]):
