@@ -631,9 +631,10 @@ def options_from_flags(tokens: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     i = 0
     while i < len(tokens):
-        f = by_flag.get(tokens[i])
+        flag = tokens[i]
+        f = by_flag.get(flag)
         if f is None:
-            raise UsageError(f"unknown flag {tokens[i]!r}")
+            raise UsageError(f"unknown flag {flag!r}")
         i += 1
         values = []
         while i < len(tokens) and not tokens[i].startswith("-"):
@@ -642,9 +643,9 @@ def options_from_flags(tokens: list[str]) -> dict[str, Any]:
         if f.metadata.get("multi"):
             out.setdefault(f.name, []).extend(values)
         elif not values:
-            out[f.name] = not tokens[i - 1].startswith("--no-")
+            out[f.name] = not flag.startswith("--no-")
         else:
-            out[f.name] = _flag_value(tokens[i - 1 - len(values)], values[0], f.type)
+            out[f.name] = _flag_value(flag, values[0], f.type)
     return out
 
 
@@ -658,5 +659,6 @@ def _flag_value(flag: str, text: str, annotation: Any) -> Any:
         if kind == "float":
             return float(text)
     except ValueError:
-        raise UsageError(f"{flag} {text!r}: must be {'an integer' if kind == 'int' else 'a number'}") from None
+        shown = text if len(text) <= 40 else text[:40] + "..."  # a pasted blob is not worth echoing whole
+        raise UsageError(f"{flag} {shown!r}: must be {'an integer' if kind == 'int' else 'a number'}") from None
     return text
