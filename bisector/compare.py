@@ -182,7 +182,7 @@ class OutputComparison:
             "passed": self.passed, "stat": self.stat, "atol": self.atol, "rtol": self.rtol,
             "required_tolerance": {"abs": self.required_abs, "rel": self.required_rel},
             "actual": dict(self.actual), "golden": dict(self.golden), "abs": dict(self.abs), "rel": dict(self.rel),
-            "mismatches": self.mismatches, "size": self.size, "excess": _finite_or_none(self.excess),
+            "mismatches": self.mismatches, "size": self.size, "excess": finite_or_none(self.excess),
             "margin": self.margin, **({"reason": self.reason} if self.reason else {}),
             **({"lean": True} if self.lean else {}),
         }
@@ -197,7 +197,8 @@ class OutputComparison:
                    lean=bool(d.get("lean", False)))
 
 
-def _finite_or_none(x: float) -> float | None:
+def finite_or_none(x: float) -> float | None:
+    """A float for JSON: inf and NaN (an unjudgeable excess) as None."""
     return float(x) if np.isfinite(x) else None
 
 

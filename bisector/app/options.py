@@ -314,6 +314,10 @@ class Search:
     confirm_on: Optional[str] = option("--confirm-on", default=None,
                                        help="Re-judge the final set on this backend (ort-cuda, tensorrt, …) and, "
                                             "where it fails there, extend it there (as --start-from does).")
+    second_opinion: bool = option("--second-opinion/--no-second-opinion", default=True,
+                                  help="emulate: judge the final set again with every node run alone; where it "
+                                       "fails so (its verdict turns on FP32 rounding order), search on from it "
+                                       "with that judge.")
     resume: bool = option("--resume/--no-resume", default=True,
                           help="Answer repeated plans from the journal of earlier runs with the same key.")
     max_evals: Optional[int] = option("--max-evals", default=None,

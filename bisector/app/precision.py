@@ -128,9 +128,15 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
             prewritten = WeightPrewrite.start(cat, Path(output_dir) / "model.mixed.onnx")
         if progress is not None:
             progress.begin(len(cat.candidates))
+        opinion = None
         try:
             result = run_search(oracle, s.strategy, s.strategy_kwargs(), hints=hints, progress=progress,
                                 start=start)
+            if confirm is None and s.second_opinion:  # --confirm-on judges the set on the hardware instead
+                from bisector.app.second_opinion import second_opinion
+
+                result, opinion = second_opinion(job, result, s.strategy, s.strategy_kwargs(), budget, s.max_evals,
+                                                 on_verdict=oracle.on_verdict, progress=progress)
         finally:
             if progress is not None:
                 progress.end()
@@ -159,7 +165,8 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
                 t_plot = time.perf_counter() - t1
         timings = {"setup": t_setup, "profile": t_profile, "search": result.seconds,
                    "backend_run": sum(v.seconds.get("run", 0.0) for v in oracle.history),
-                   "compare": sum(v.seconds.get("compare", 0.0) for v in oracle.history), "plot": t_plot}
+                   "compare": sum(v.seconds.get("compare", 0.0) for v in oracle.history), "plot": t_plot,
+                   "second_opinion": opinion.seconds if opinion is not None else 0.0}
         described = (job.backend.describe(), unjudged_branches(cat, job.backend))
         paths = None
         # The search's sessions, weight copies and FP32 reference are not needed for the artifacts: free them
@@ -171,6 +178,7 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
         job.backend.close()
         constraints = _constraints(job, Path(model), result, s.strategy, timings, s.strategy_option, described)
         constraints.confirmed_on = confirmed_on
+        constraints.node_by_node = opinion.to_json() if opinion is not None else None
         constraints.objective = s.objective
         constraints.fp32_cost = {"set": sum(costs.get(n, 1.0) for n in result.fp32),
                                  "all_candidates": sum(costs.get(n, 1.0) for n in cat.candidates)}

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bisector.app.job import build_job
+from bisector.app.second_opinion import available
 from bisector.app.options import BackendChoice, Cache, Inputs, Tolerances, split_options
 from bisector.errors import UsageError
 from bisector.search.driver import removable
@@ -29,14 +30,25 @@ class VerifyResult:
     not_minimal_without: list[str]
     evaluations: int
     model_changed: bool
+    # emulate: the set judged again with every node of its FP16 cone run alone (bisector.app.second_opinion);
+    # None where not judged so. A set that passes one way and fails the other does not verify.
+    node_by_node: Verdict | None = None
+
+    def node_by_node_json(self) -> dict | None:
+        from bisector.compare import finite_or_none
+
+        v = self.node_by_node
+        return None if v is None else {"passed": v.passed, "excess": finite_or_none(v.excess),
+                                       "failing_outputs": sorted(v.failing)}
 
 
-def verify(model: str | Path, constraints: str | Path, *, check_minimal: bool = False,
+def verify(model: str | Path, constraints: str | Path, *, check_minimal: bool = False, second_opinion: bool = True,
            inputs: Inputs | None = None, tolerances: Tolerances | None = None, backend: BackendChoice | None = None,
            cache: Cache | None = None, **options: Any) -> VerifyResult:
     """Judge the recorded `fp32_nodes` again. Tolerances and generated-input settings default to what the
     constraints recorded (options given here override them); inputs recorded as files must be given again (or
-    still be where they were, with the same digest) — never quietly replaced by generated ones."""
+    still be where they were, with the same digest) — never quietly replaced by generated ones.
+    `second_opinion` (emulate): the set must also pass with every node of its FP16 cone run alone."""
     from bisector.artifacts.constraints import Constraints
 
     recorded = Constraints.read(Path(constraints))
@@ -58,9 +70,20 @@ def verify(model: str | Path, constraints: str | Path, *, check_minimal: bool = 
         # expected to fail, may fail on one batch item (bisector.search.screen)
         oracle = job.oracle(screen=True)
         verdict = oracle.evaluate(kept)
+        nbn = None
+        if second_opinion and verdict.passed and available(job.backend) and len(kept) < len(cat.candidates):
+            plan = job.plan(kept)
+            nbn = (job.judge(plan, run=job.backend.run_node_by_node, lean=True)
+                   if job.backend.node_by_node_differs(plan) else verdict)  # else the same bits, the same verdict
+            if not nbn.passed:
+                log.warning("the set passes through the emulator's fused blocks (%.3g x the tolerance) but not with "
+                            "every node run alone (%.3g x): its verdict turns on FP32 rounding order, which a GPU's "
+                            "own fusions change as well; re-run `bisector precision` (it searches on from such a "
+                            "set) or judge it where it will run (--backend)", verdict.excess, nbn.excess)
         extra = removable(oracle, kept) if check_minimal and verdict.passed else []
-    return VerifyResult(verdict.passed and not missing and not extra, sorted(kept), verdict, missing, extra,
-                        oracle.total, changed)
+    passed = verdict.passed and (nbn is None or nbn.passed) and not missing and not extra
+    return VerifyResult(passed, sorted(kept), verdict, missing, extra, oracle.total + (nbn not in (None, verdict)),
+                        changed, nbn)
 
 
 def _recorded_inputs(recorded: Constraints, options: dict) -> Inputs | None:

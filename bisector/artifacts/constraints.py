@@ -65,6 +65,12 @@ class Constraints(BaseModel):
                                         "bisector.costs) of the set and of all candidates")
     confirmed_on: Optional[str] = Field(None, description="the backend that re-judged (and, where needed, extended) "
                                         "the final set with --confirm-on")
+    node_by_node: Optional[dict[str, Any]] = Field(None, description="the final set judged again on emulate with "
+                                                   "every node of its FP16 cone run alone (bisector.app."
+                                                   "second_opinion): passed, excess, whether the set the search "
+                                                   "found passed so, and whether the search went on from it "
+                                                   "(`extended`); None: not judged so (another backend, "
+                                                   "--confirm-on, --no-second-opinion, nothing FP16, no time left)")
     machine: dict[str, str] = Field(default_factory=dict, description="CPU, instruction set, ONNX Runtime "
                                     "version and its threads (`ort_threads`) the verdicts were measured with")
     worst_input_set: int = Field(0, description="index of the input set on which the final plan is furthest from "

@@ -32,6 +32,7 @@ def render_report(catalog: Catalog, c: Constraints, strings: dict, extra: str = 
            "the set where it will run, with `--confirm-on ort-cuda` or `--backend tensorrt --start-from "
            "constraints.json` (both extend it where it fails)."]
           if c.backend.get("backend") == "emulate" and not c.confirmed_on else []),
+        *_second_opinion_lines(c.node_by_node),
         f"- Strategy: {code(c.strategy)}; evaluations: {c.evaluations.total} ({c.evaluations.new} new, "
         f"{c.evaluations.cached} from the journal)"
         + (f"; {c.evaluations.emulator_runs} single-node emulator runs for the predicted ranking"
@@ -106,6 +107,25 @@ def render_report(catalog: Catalog, c: Constraints, strings: dict, extra: str = 
     if extra:
         lines += [extra, ""]
     return "\n".join(line for line in lines if line is not None) + "\n"
+
+
+def _second_opinion_lines(nbn: dict | None) -> list[str]:
+    """What the node-by-node judge said (bisector.app.second_opinion)."""
+    if not nbn:
+        return []
+    x = lambda v: "inf" if v is None else f"{v:.3g}"  # noqa: E731 (None: an unjudgeable excess)
+    if nbn.get("extended"):
+        return [f"- **The search's set failed with every node run alone** ({x(nbn.get('searched_set_excess'))} x the "
+                "tolerance, though it passed through the emulator's fused blocks): its verdict turned on FP32 rounding "
+                "order. The search went on from it with a judge that asks both ways; the final set "
+                + ("passes both" if nbn.get("passed") else "did not come to pass both (budget)")
+                + f" ({x(nbn.get('excess'))} x, {nbn.get('evaluations')} evaluations)."]
+    if not nbn.get("passed"):
+        return [f"- **Fails with every node run alone** ({x(nbn.get('excess'))} x the tolerance, though it passes "
+                "through the emulator's fused blocks): its verdict turns on FP32 rounding order; no evaluation was "
+                "left to search on (--max-evals). Judge it where it will run."]
+    return [f"- Second opinion: passes with every node of its FP16 cone run alone too ({x(nbn.get('excess'))} x the "
+            "tolerance)."]
 
 
 def _fp16_recurrent_on_storage_rules(catalog: Catalog, c: Constraints) -> list[str]:

@@ -132,6 +132,27 @@ class EmulateBackend:
                     ref = self._references[key] = self.executor.run_reference(feeds)
         return ref
 
+    def run_node_by_node(self, plan: Plan, feeds: Mapping[str, np.ndarray],
+                         outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """The graph outputs under `plan` with every node of its cone run alone (no fusion across a block's FP32
+        nodes), at a fused evaluation's memory: the second opinion on a final set (bisector.app.second_opinion).
+        Near FP16's resolution an FP32 ulp that a fusion moves can flip a later FP16 rounding (README)."""
+        names = list(outputs) if outputs is not None else self.catalog.output_names
+        if not set(names) <= set(self.catalog.output_names):
+            raise ValueError("run_node_by_node returns graph outputs only")
+        ref = self._boundary_reference(feeds)
+        points = rounding_points(self.catalog, plan)
+        if not points.fp16:
+            return {n: ref[n] for n in names}
+        tensors = Overlay(self.executor.run_changed(ref, points, fused=True, per_node=True), ref)
+        return {n: tensors[n] for n in names}
+
+    def node_by_node_differs(self, plan: Plan) -> bool:
+        """Whether `run_node_by_node` can give other bits than `run` for `plan` (some block of its cone fuses FP32
+        nodes); False: both compute the same, and the fused verdict stands for both."""
+        points = rounding_points(self.catalog, plan)
+        return bool(points.fp16) and self.executor.unfused_blocks(points) > 0
+
     def run_all(self, plan: Plan, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Every tensor under `plan` (a view: unchanged tensors are the reference's arrays)."""
         return self._evaluate(plan, feeds, fused=False)

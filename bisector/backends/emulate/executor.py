@@ -274,12 +274,17 @@ class NodeExecutor:
         return env
 
     def run_changed(self, reference: Mapping[str, np.ndarray], points: RoundingPoints,
-                    fused: bool = True) -> dict[str, np.ndarray]:
+                    fused: bool = True, per_node: bool = False) -> dict[str, np.ndarray]:
         """Recompute the plan's FP16 nodes and everything downstream of a changed tensor, rounding where
         `points` says. Rounding runs inside the node's ORT session as a Cast pair (vectorised, several times
         faster than numpy's float16 conversion). With `fused`, each touched block runs as one session (a variant
         per rounding pattern, built once) and its block-internal tensors are not returned (fused=False runs node
         by node and returns every tensor). Returns only the recomputed tensors; all others equal `reference`.
+        `per_node` (with `fused`): a touched block where one FP32 node feeds another runs node by node as
+        `fused=False` would, holding only a fused run's live set (block-internal tensors dropped after their
+        block): the same plan without ONNX Runtime's fusions of FP32 nodes, at a fused run's memory
+        (`EmulateBackend.run_node_by_node`). Other blocks run fused: between FP16 nodes every value passes a
+        rounding Cast pair, which no fusion crosses, so their fused run computes what their nodes do alone.
         """
         changed: dict[str, np.ndarray] = {}
         fp16 = points.fp16
@@ -289,7 +294,7 @@ class NodeExecutor:
             if not touched:
                 continue
             values = Overlay(changed, reference)
-            if fused and block.fusable:
+            if fused and block.fusable and not (per_node and block.fp32_pair(fp16)):
                 specs = self._block_spec(block, points, values)
                 changed.update(zip(block.outputs, self._run_block(block, [values[t] for t in block.inputs], specs)))
                 self._forget_dead(changed, block)
@@ -303,8 +308,25 @@ class NodeExecutor:
                 outs = self.run_node(node, [values[t] for t in inputs], *self.spec(node, points, values))
                 changed.update(zip(nonempty(node.output), outs))
             if fused:
+                if per_node:
+                    kept = set(block.outputs)
+                    for node in block.nodes:
+                        for t in nonempty(node.output):
+                            if t not in kept:
+                                changed.pop(t, None)
                 self._forget_dead(changed, block)
         return changed
+
+    def unfused_blocks(self, points: RoundingPoints) -> int:
+        """How many blocks `run_changed(per_node=True)` runs node by node under `points`: touched blocks where one
+        FP32 node feeds another. None means that run computes the fused run's bits."""
+        fp16, changed, count = points.fp16, set(), 0
+        for block in self.blocks:
+            if fp16.isdisjoint(block.node_names) and changed.isdisjoint(block.inputs):
+                continue
+            changed.update(block.outputs)
+            count += block.fusable and block.fp32_pair(fp16)
+        return count
 
     def _forget_dead(self, changed: dict[str, np.ndarray], block: "_Block") -> None:
         """Drop recomputed tensors no later block reads (graph outputs stay): an evaluation then holds only its
@@ -824,6 +846,13 @@ class _Block:
             for n in nodes)
         self.input_producers: list[str] = []  # producers of the block's inputs (none for graph inputs, weights)
         self.dies_after: list[str] = []  # tensors (not graph outputs) no block after this one reads
+        made = {o: n.name for n in nodes for o in n.output if o}
+        # (producer, reader) pairs of nodes inside the block: what ONNX Runtime may fuse where both are FP32
+        self.edges = tuple(dict.fromkeys((made[t], n.name) for n in nodes for t in n.input if t in made))
+
+    def fp32_pair(self, fp16: frozenset[str]) -> bool:
+        """Whether one FP32 node of the block feeds another (under the plan's FP16 set `fp16`)."""
+        return any(a not in fp16 and b not in fp16 for a, b in self.edges)
 
 
 def _partition(catalog: Catalog, size: int) -> list[_Block]:

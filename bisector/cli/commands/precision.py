@@ -50,6 +50,11 @@ def precision(model: Model, fp16: Fp16 = True, output_dir: OutputDir = Path("bis
     names = ' '.join(api.one_line(n) for n in r.fp32_nodes)  # one name never looks like two
     say(f"FP32 nodes ({len(r.fp32_nodes)}): {names or '(none)'}")
     headroom = "" if c.headroom is None else f"; headroom {c.headroom:.0%} of the tolerance"
+    nbn = c.node_by_node or {}
+    if nbn.get("extended"):  # the warning scrolled away as well
+        headroom += "; extended to pass node by node too (report.md)"
+    elif nbn and not nbn.get("passed"):
+        headroom += "; FAILS with every node run alone (report.md)"
     if c.unjudged_branches:  # the warning at the start scrolled away: the verdict's scope goes with it
         headroom += f"; FP16 inside the branches of {len(c.unjudged_branches)} If node(s) not judged (report.md)"
     say(f"{'PASSED' if r.passed else 'FAILED'}; {'1-minimal' if r.minimal else 'not proven minimal'}; "

@@ -18,17 +18,20 @@ from bisector.cli.options import (Fp16, JsonOut, JunitOut, Model, Verbose, comma
 
 CheckMinimal = Annotated[bool, typer.Option("--check-minimal", help="Also try each single removal; a passing removal "
                                             "means the set is not minimal (exit 1).")]
+SecondOpinion = Annotated[bool, typer.Option("--second-opinion/--no-second-opinion", help="emulate: the set must "
+                                             "also pass with every node run alone (not through fused blocks).")]
 Recorded = Annotated[Path, typer.Option("--constraints", help="The constraints.json to check.")]
 
 
 @command(Inputs, Tolerances, BackendChoice, Cache)
-def verify(model: Model, constraints: Recorded, check_minimal: CheckMinimal = False, fp16: Fp16 = True,
+def verify(model: Model, constraints: Recorded, check_minimal: CheckMinimal = False,
+           second_opinion: SecondOpinion = True, fp16: Fp16 = True,
            json_out: JsonOut = None, junit: JunitOut = None, verbose: Verbose = False, *, opts) -> None:
     """Check a recorded FP32 set: exit 0 if it still passes, 1 if it fails or names nodes the model lost."""
     from bisector.app import api
 
     setup_logging(verbose)
-    r = api.verify(model, constraints, check_minimal=check_minimal, backend=opts[BackendChoice], cache=opts[Cache],
+    r = api.verify(model, constraints, check_minimal=check_minimal, second_opinion=second_opinion, backend=opts[BackendChoice], cache=opts[Cache],
                    **_given(opts))
     say = human_output(json_out)
     for name, c in r.verdict.outputs.items():
@@ -42,6 +45,11 @@ def verify(model: Model, constraints: Recorded, check_minimal: CheckMinimal = Fa
                # tolerance read as 6.8x from "needs abs")
                + f"; {c.excess:.3g} × the tolerance")
             + ")" + (f"; {c.reason}" if c.reason else ""))
+    if r.node_by_node is not None:
+        nbn = r.node_by_node
+        say(f"{'pass' if nbn.passed else 'FAIL'} node by node (every node of the FP16 cone run alone, not through "
+            f"fused blocks): {nbn.excess:.3g} × the tolerance"
+            + ("" if nbn.passed else f"; failing output(s) {', '.join(map(api.one_line, sorted(nbn.failing)))}"))
     if r.missing_nodes:
         say(f"FAIL: {len(r.missing_nodes)} recorded FP32 node(s) no longer exist in the model (renamed or removed): "
             f"{', '.join(r.missing_nodes)}. Re-run `bisector precision` to refresh constraints.json.")
@@ -53,6 +61,7 @@ def verify(model: Model, constraints: Recorded, check_minimal: CheckMinimal = Fa
             "missing_nodes": r.missing_nodes, "not_minimal_without": r.not_minimal_without,
             "worst_input_set": r.verdict.worst_set, "failing_outputs": sorted(r.verdict.failing),
             "outputs": {k: c.to_json() for k, c in r.verdict.outputs.items()}, "evaluations": r.evaluations,
+            "node_by_node": r.node_by_node_json(),
         }
         write_json(json_out, json.dumps(summary, indent=2) + "\n")
     if junit is not None:

@@ -1,0 +1,105 @@
+"""The final set judged a second way on `emulate`: every node of its FP16 cone run alone.
+
+The emulator runs consecutive nodes as one fused ONNX Runtime session; ONNX Runtime fuses the FP32 operations of
+such a block (a Conv with its bias and activation, a MatMul with its Add) and may then compute an FP32 value one
+ulp away from the value the nodes give one at a time. Near FP16's resolution a later FP16 rounding can then go
+the other way, and a set passes one way and fails the other: on PP-OCR's direction classifier at 1e-5, 3.0e-6
+through the blocks and 5.3e-5 node by node and as `model.mixed.onnx` (README, known issues). Both are faithful
+emulations; a verdict that depends on which one ran is one the hardware's own fusions can turn as well. So the
+final set is judged node by node too (one more run, at a fused run's memory), and where the two disagree the
+search goes on from the set with a judge that asks both ways: its final set passes both (1-minimal under that
+judge). Searching on with the node-by-node judge alone only moved the edge: on the classifier at 1e-5 it found a
+28-node set that failed through the blocks at 11 x the tolerance.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from bisector.budget import Budget
+from bisector.compare import finite_or_none
+from bisector.fp16.plan import Plan
+from bisector.search.driver import SearchResult, run_search
+from bisector.search.judge import Verdict, judge, summed_seconds
+from bisector.search.oracle import Oracle
+
+log = logging.getLogger("bisector")
+
+
+@dataclass
+class SecondOpinion:
+    """What the node-by-node judge said of the search's set (`first`), and the verdict of the final set: the same
+    verdict where the first held, else the both-ways judge's verdict of the set the search from it found."""
+
+    first: Verdict
+    final: Verdict
+    extended: bool  # the search went on from the set with the both-ways judge
+    evaluations: int  # evaluations of this check and of the search from it
+    seconds: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"judge": "emulate, every node of the FP16 cone run alone" if not self.extended else
+                "emulate, through fused blocks and node by node (the worse of the two)",
+                "passed": self.final.passed, "excess": finite_or_none(self.final.excess),
+                "searched_set_passed": self.first.passed, "searched_set_excess": finite_or_none(self.first.excess),
+                "extended": self.extended, "evaluations": self.evaluations}
+
+
+class BothWays(Oracle):
+    """An oracle whose verdict is the worse of the fused and the node-by-node judge: a plan passes only if it
+    passes both ways. Not screened on batch items, no journal (its verdicts are not the fused judge's)."""
+
+    def _judge(self, plan: Plan, lean: bool = True) -> Verdict:
+        fused = super()._judge(plan, lean)
+        alone = judge(self.backend, plan, self.feeds_list, self.golden, self.tolerance, lean=lean,
+                      run=self.backend.run_node_by_node)
+        worse = max((fused, alone), key=lambda v: (not v.passed, v.excess))
+        worse.seconds = summed_seconds(fused.seconds, alone.seconds)
+        return worse
+
+
+def available(backend: Any) -> bool:
+    return callable(getattr(backend, "run_node_by_node", None))
+
+
+def second_opinion(job: Any, found: SearchResult, strategy: str, strategy_options: dict[str, Any] | None,
+                   budget: Budget, max_evals: int | None, on_verdict: Callable[[Verdict], Any] | None = None,
+                   progress: Callable[[dict], None] | None = None) -> tuple[SearchResult, SecondOpinion | None]:
+    """Judge `found`'s set node by node; where it fails there, search on from it with the both-ways judge (extend,
+    then shrink). Returns the final result and the record (None: not judged — another backend, nothing FP16, or
+    no time left). `on_verdict`, `progress`: the search's observers, told of the search from the set as well.
+    The result's `seconds` stay the first search's: the record's are this check's and the search from it."""
+    if not (found.passed and available(job.backend)) or budget.spent():
+        return found, None
+    plan = Plan(frozenset(found.fp32), job.catalog.candidates)
+    if len(plan.fp32) == len(job.catalog.candidates):
+        return found, None  # nothing runs in FP16: both judges compute the FP32 reference
+    t0 = time.perf_counter()
+    if not job.backend.node_by_node_differs(plan):  # no FP32 node feeds another in its cone: the same bits
+        return found, SecondOpinion(found.verdict, found.verdict, False, 0, time.perf_counter() - t0)
+    first = job.judge(plan, run=job.backend.run_node_by_node, lean=True)
+    if first.passed:
+        return found, SecondOpinion(first, first, False, 1, time.perf_counter() - t0)
+    left = None if max_evals is None else max_evals - found.evaluations.get("new", 0)  # --max-evals is the command's
+    what = ("searching on from it for a set that passes both ways" if left is None or left > 0 else
+            "--max-evals leaves no evaluation to search on from it: reported as found")
+    log.warning("the set of %d node(s) passes through the emulator's fused blocks (%.3g x the tolerance) but not "
+                "with every node run alone (%.3g x): its verdict turns on FP32 rounding order, which a GPU's own "
+                "fusions change as well; %s", len(found.fp32), found.verdict.excess, first.excess, what)
+    if left is not None and left <= 0:
+        return found, SecondOpinion(first, first, False, 1, time.perf_counter() - t0)
+    oracle = BothWays(job.backend, job.catalog.candidates, job.feeds_list, job.golden.outputs, job.tolerance,
+                      budget=Budget(max_evals=left, time_limit=budget.time_limit, started=budget.started),
+                      on_verdict=on_verdict)
+    result = run_search(oracle, strategy, strategy_options, start=found.fp32, progress=progress)
+    record = SecondOpinion(first, result.verdict, True, 1 + oracle.total, time.perf_counter() - t0)
+    merged = dict(found.evaluations)
+    for k in ("total", "new"):
+        merged[k] = merged.get(k, 0) + result.evaluations.get(k, 0)
+    final = SearchResult(result.fp32, result.passed, result.minimal, result.verdict, found.strategy,
+                         result.stop_reason, found.seconds, merged, found.rounds + result.rounds,
+                         found.workers, found.unreachable)
+    return final, record
