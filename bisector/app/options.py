@@ -290,6 +290,9 @@ class Cache:
                 raise UsageError(f"--cache-dir {p}: not a directory")
 
 
+SECOND_OPINIONS = ("check", "search", "off")  # bisector.app.second_opinion
+
+
 @dataclass
 class Search:
     """Search: the strategy plugin, what it starts from, and its budgets."""
@@ -314,10 +317,10 @@ class Search:
     confirm_on: Optional[str] = option("--confirm-on", default=None,
                                        help="Re-judge the final set on this backend (ort-cuda, tensorrt, …) and, "
                                             "where it fails there, extend it there (as --start-from does).")
-    second_opinion: bool = option("--second-opinion/--no-second-opinion", default=True,
-                                  help="emulate: judge the final set again with every node run alone; where it "
-                                       "fails so (its verdict turns on FP32 rounding order), search on from it "
-                                       "with that judge.")
+    second_opinion: str = option("--second-opinion", default="check",
+                                 help="emulate: check (judge the final set again with every node run alone, not "
+                                      "through fused blocks; warn and record where it fails so), search (then "
+                                      "search on from such a set until one passes both ways) or off.")
     resume: bool = option("--resume/--no-resume", default=True,
                           help="Answer repeated plans from the journal of earlier runs with the same key.")
     max_evals: Optional[int] = option("--max-evals", default=None,
@@ -344,6 +347,8 @@ class Search:
             raise UsageError(f"--ray {self.ray!r}: give ray://host:10001, host:6379, auto or local")
         if self.direction not in (None, "forward", "reverse"):
             raise UsageError(f"--direction {self.direction!r}: choose forward or reverse")
+        if self.second_opinion not in SECOND_OPINIONS:
+            raise UsageError(f"--second-opinion {self.second_opinion!r}: choose {', '.join(SECOND_OPINIONS)}")
         if self.objective not in ("count", "flops"):
             raise UsageError(f"--objective {self.objective!r}: choose count or flops")
         self.strategy_option = strategy_options(self.strategy, self.strategy_option)

@@ -132,11 +132,12 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
         try:
             result = run_search(oracle, s.strategy, s.strategy_kwargs(), hints=hints, progress=progress,
                                 start=start)
-            if confirm is None and s.second_opinion:  # --confirm-on judges the set on the hardware instead
+            if confirm is None and s.second_opinion != "off":  # --confirm-on judges the set on the hardware
                 from bisector.app.second_opinion import second_opinion
 
                 result, opinion = second_opinion(job, result, s.strategy, s.strategy_kwargs(), budget, s.max_evals,
-                                                 on_verdict=oracle.on_verdict, progress=progress)
+                                                 search=s.second_opinion == "search", on_verdict=oracle.on_verdict,
+                                                 progress=progress)
         finally:
             if progress is not None:
                 progress.end()

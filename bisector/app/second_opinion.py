@@ -1,15 +1,20 @@
 """The final set judged a second way on `emulate`: every node of its FP16 cone run alone.
 
 The emulator runs consecutive nodes as one fused ONNX Runtime session; ONNX Runtime fuses the FP32 operations of
-such a block (a Conv with its bias and activation, a MatMul with its Add) and may then compute an FP32 value one
-ulp away from the value the nodes give one at a time. Near FP16's resolution a later FP16 rounding can then go
-the other way, and a set passes one way and fails the other: on PP-OCR's direction classifier at 1e-5, 3.0e-6
-through the blocks and 5.3e-5 node by node and as `model.mixed.onnx` (README, known issues). Both are faithful
-emulations; a verdict that depends on which one ran is one the hardware's own fusions can turn as well. So the
-final set is judged node by node too (one more run, at a fused run's memory), and where the two disagree the
-search goes on from the set with a judge that asks both ways: its final set passes both (1-minimal under that
-judge). Searching on with the node-by-node judge alone only moved the edge: on the classifier at 1e-5 it found a
-28-node set that failed through the blocks at 11 x the tolerance.
+such a block (a BatchNormalization folded into the Conv before it, an activation fused) and may then compute an
+FP32 value one ulp away from the value the nodes give one at a time. Near FP16's resolution a later FP16 rounding
+can then go the other way, and a set passes one way and fails the other: on PP-OCR's direction classifier at
+1e-5, 0.3 x the tolerance through the blocks and 33 x node by node. Both are faithful emulations; a set whose
+verdict depends on which one ran sits at the edge of the tolerance.
+
+`check` (the default) judges the final set node by node too — one more run at a fused run's memory, none where no
+FP32 node feeds another in the cone — and warns and records where it fails so. `search` then searches on from
+such a set with a judge that asks both ways, so its final set passes both (1-minimal under that judge): robust to
+the emulator's fusions (and to an ONNX Runtime upgrade that changes them), not to the GPU's. Measured on seven
+such sets (docs/benchmarks.md, "Trust, thirtieth round"): the searched-on sets were larger (1.07-3.4 x), took
+1.8-2.8 x the evaluations, and held on an H100's ORT-CUDA no more often (0 of 7, against 1 of 7) — hence not
+the default. Searching on with the node-by-node judge alone only moved the edge: the classifier's 28-node set
+from it failed through the blocks at 11 x.
 """
 
 from __future__ import annotations
@@ -54,6 +59,8 @@ class BothWays(Oracle):
 
     def _judge(self, plan: Plan, lean: bool = True) -> Verdict:
         fused = super()._judge(plan, lean)
+        if not fused.passed or not self.backend.node_by_node_differs(plan):
+            return fused  # failing already, or the same bits node by node: the second run cannot change the verdict
         alone = judge(self.backend, plan, self.feeds_list, self.golden, self.tolerance, lean=lean,
                       run=self.backend.run_node_by_node)
         worse = max((fused, alone), key=lambda v: (not v.passed, v.excess))
@@ -66,11 +73,12 @@ def available(backend: Any) -> bool:
 
 
 def second_opinion(job: Any, found: SearchResult, strategy: str, strategy_options: dict[str, Any] | None,
-                   budget: Budget, max_evals: int | None, on_verdict: Callable[[Verdict], Any] | None = None,
+                   budget: Budget, max_evals: int | None, search: bool = False,
+                   on_verdict: Callable[[Verdict], Any] | None = None,
                    progress: Callable[[dict], None] | None = None) -> tuple[SearchResult, SecondOpinion | None]:
-    """Judge `found`'s set node by node; where it fails there, search on from it with the both-ways judge (extend,
-    then shrink). Returns the final result and the record (None: not judged — another backend, nothing FP16, or
-    no time left). `on_verdict`, `progress`: the search's observers, told of the search from the set as well.
+    """Judge `found`'s set node by node; where it fails there, warn, and with `search` search on from it with the
+    both-ways judge (extend, then shrink). Returns the final result and the record (None: not judged — another
+    backend, nothing FP16, or no time left). `on_verdict`, `progress`: the search's observers, told of the search from the set as well.
     The result's `seconds` stay the first search's: the record's are this check's and the search from it."""
     if not (found.passed and available(job.backend)) or budget.spent():
         return found, None
@@ -84,12 +92,18 @@ def second_opinion(job: Any, found: SearchResult, strategy: str, strategy_option
     if first.passed:
         return found, SecondOpinion(first, first, False, 1, time.perf_counter() - t0)
     left = None if max_evals is None else max_evals - found.evaluations.get("new", 0)  # --max-evals is the command's
-    what = ("searching on from it for a set that passes both ways" if left is None or left > 0 else
-            "--max-evals leaves no evaluation to search on from it: reported as found")
+    if not search:
+        what = ("it sits at the edge of the tolerance, where a GPU build is likely to fail it (6 of 7 such sets "
+                "failed on an H100's ORT-CUDA): judge it where it will run (--confirm-on ort-cuda, verify --backend); "
+                "`--second-opinion search` searches on for a set that passes both ways")
+    elif left is None or left > 0:
+        what = "searching on from it for a set that passes both ways"
+    else:
+        what = "--max-evals leaves no evaluation to search on from it: reported as found"
     log.warning("the set of %d node(s) passes through the emulator's fused blocks (%.3g x the tolerance) but not "
-                "with every node run alone (%.3g x): its verdict turns on FP32 rounding order, which a GPU's own "
-                "fusions change as well; %s", len(found.fp32), found.verdict.excess, first.excess, what)
-    if left is not None and left <= 0:
+                "with every node run alone (%.3g x): its verdict turns on FP32 rounding order; %s", len(found.fp32),
+                found.verdict.excess, first.excess, what)
+    if not search or (left is not None and left <= 0):
         return found, SecondOpinion(first, first, False, 1, time.perf_counter() - t0)
     oracle = BothWays(job.backend, job.catalog.candidates, job.feeds_list, job.golden.outputs, job.tolerance,
                       budget=Budget(max_evals=left, time_limit=budget.time_limit, started=budget.started),

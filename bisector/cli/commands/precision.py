@@ -54,7 +54,7 @@ def precision(model: Model, fp16: Fp16 = True, output_dir: OutputDir = Path("bis
     if nbn.get("extended"):  # the warning scrolled away as well
         headroom += "; extended to pass node by node too (report.md)"
     elif nbn and not nbn.get("passed"):
-        headroom += "; FAILS with every node run alone (report.md)"
+        headroom += "; fails with every node run alone: at the edge of the tolerance (report.md)"
     if c.unjudged_branches:  # the warning at the start scrolled away: the verdict's scope goes with it
         headroom += f"; FP16 inside the branches of {len(c.unjudged_branches)} If node(s) not judged (report.md)"
     say(f"{'PASSED' if r.passed else 'FAILED'}; {'1-minimal' if r.minimal else 'not proven minimal'}; "
