@@ -216,3 +216,19 @@ def test_verify_says_a_set_that_fails_node_by_node_sits_at_the_edge(monkeypatch,
     assert main_cli("verify", str(PLANTED), "--constraints", str(out / "constraints.json"), "--no-cache",
                     "--no-second-opinion") == 0
     assert "node by node" not in capsys.readouterr().out
+
+
+def test_a_block_run_node_by_node_drops_each_internal_tensor_after_its_last_reader():
+    """`_Block.release`: every tensor made inside a block and read by no later block is dropped right after its
+    last reader inside the block (outer-scope reads of subgraph nodes count: `Catalog.node_inputs`)."""
+    be, cat = _backend(conv_bn_model(), block_size=8)
+    for block in be.executor.blocks:
+        made = {t: i for i, n in enumerate(block.nodes) for t in n.output if t}
+        readers = {t: [i for i, n in enumerate(block.nodes) if t in cat.node_inputs(n.name)] for t in made}
+        released = {t: i for i, ts in enumerate(block.release) for t in ts}
+        assert sum(map(len, block.release)) == len(released)  # each at most once
+        for t, i in made.items():
+            if t in block.outputs:
+                assert t not in released
+            else:
+                assert released[t] == max([i, *readers[t]])

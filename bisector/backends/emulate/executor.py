@@ -301,19 +301,16 @@ class NodeExecutor:
                 continue
             # Node by node. With a boundary-only reference (fused mode) block-internal values are not stored, so
             # every node of a touched block runs, producing them; otherwise only the cone is recomputed.
-            for node in block.nodes:
+            for i, node in enumerate(block.nodes):
                 inputs = self.catalog.node_inputs(node.name)
                 if not fused and node.name not in points.fp16 and not any(t in changed for t in inputs):
                     continue
                 outs = self.run_node(node, [values[t] for t in inputs], *self.spec(node, points, values))
                 changed.update(zip(nonempty(node.output), outs))
+                if fused:  # block-internal tensors go after their last reader, as a fused session frees them
+                    for t in block.release[i]:
+                        changed.pop(t, None)
             if fused:
-                if per_node:
-                    kept = set(block.outputs)
-                    for node in block.nodes:
-                        for t in nonempty(node.output):
-                            if t not in kept:
-                                changed.pop(t, None)
                 self._forget_dead(changed, block)
         return changed
 
@@ -849,6 +846,10 @@ class _Block:
         made = {o: n.name for n in nodes for o in n.output if o}
         # (producer, reader) pairs of nodes inside the block: what ONNX Runtime may fuse where both are FP32
         self.edges = tuple(dict.fromkeys((made[t], n.name) for n in nodes for t in n.input if t in made))
+        # per node, the block-internal tensors its run is the last use of (its own unread outputs included): a
+        # block run node by node drops them there (a 324 MB attention score matrix is not kept to the block's
+        # end). Set by `_partition`, which knows the reads of subgraph nodes (outer-scope values).
+        self.release: list[list[str]] = [[] for _ in nodes]
 
     def fp32_pair(self, fp16: frozenset[str]) -> bool:
         """Whether one FP32 node of the block feeds another (under the plan's FP16 set `fp16`)."""
@@ -869,6 +870,14 @@ def _partition(catalog: Catalog, size: int) -> list[_Block]:
         outputs = [o for n in chunk for o in n.output
                    if o and (o in graph_outputs or readers.get(o, set()) - {ci})]
         blocks.append(_Block(ci, chunk, inputs, outputs, len(chunk) > 1 and not any(_unfusable(catalog, n) for n in chunk)))
+        last = {t: i for i, n in enumerate(chunk) for t in n.output if t}
+        for i, n in enumerate(chunk):
+            for t in catalog.node_inputs(n.name):
+                if t in last:
+                    last[t] = i
+        for t, i in last.items():
+            if t not in outputs:
+                blocks[-1].release[i].append(t)
         blocks[-1].input_producers = [catalog.producers[t] for t in inputs if t in catalog.producers]
     last_read: dict[str, int] = {}
     for b in blocks:
