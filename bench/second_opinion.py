@@ -6,6 +6,7 @@ node-by-node verdict of the same plan disagree, and what searching on from such 
                                                              # against every touched block node by node
     python bench/second_opinion.py --scan [--only TEXT]      # bench/strategies.py's real-model cases: `auto`'s set
                                                              # judged through the blocks and node by node
+    python bench/second_opinion.py --registry --modes check  # the same on every registry case (--only filters)
     python bench/second_opinion.py --command CASE TOL ...    # the `bisector precision` command per
                                                              # --second-opinion mode (off, search): set, evaluations,
                                                              # wall; -o folders under --out for the device's check
@@ -103,29 +104,44 @@ def scan(only: str | None) -> None:
         job.close()
 
 
-def command(cases: list[tuple[str, str]], out: Path) -> None:
+def command(cases: list[tuple[str, str, list[str]]], out: Path, modes: list[str]) -> None:
+    """`bisector precision` per case and --second-opinion mode; (label, registry model, tolerance flags)."""
     from registry_models import MODELS, fetch
 
     print("| case | --second-opinion | exit | set | evaluations | wall (s) | excess | node by node: the search's set → final | its evaluations |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for name, tol in cases:
+    for label, name, tols in cases:
         path = fetch(name)
         if path is None:
             continue
-        for mode in ("off", "search"):
-            folder = out / f"{name}_{tol}_{'on' if mode == 'search' else 'off'}"
+        for mode in modes:
+            folder = out / f"{label.replace(' ', '_')}_{'on' if mode == 'search' else mode}"
             t0 = time.perf_counter()
             r = subprocess.run([sys.executable, "-m", "bisector.cli", "precision", str(path), "--fp16",
-                                *MODELS[name].input_flags, "--atol", tol, "--rtol", tol, "-o", str(folder),
-                                "--no-cache", "--no-mixed", "--no-progress", "--second-opinion", mode],
-                               capture_output=True, text=True)
+                                *MODELS[name].input_flags, *tols, "-o", str(folder), "--no-cache", "--no-mixed",
+                                "--no-progress", "--second-opinion", mode], capture_output=True, text=True)
             wall = time.perf_counter() - t0
+            if not (folder / "constraints.json").is_file():
+                print(f"| {label} | {mode} | {r.returncode} | {r.stderr.strip()[-200:]!r} |", flush=True)
+                continue
             c = json.loads((folder / "constraints.json").read_text())
             n = c.get("node_by_node") or {}
             excess = "–" if c["headroom"] is None else f"{1 - c['headroom']:.3g}"
-            print(f"| {name} {tol} | {mode} | {r.returncode} | {len(c['fp32_nodes'])} | {c['evaluations']['total']} | "
+            print(f"| {label} | {mode} | {r.returncode} | {len(c['fp32_nodes'])} | {c['evaluations']['total']} | "
                   f"{wall:.1f} | {excess} | {n.get('searched_set_excess', '–')} → {n.get('excess', '–')} | "
                   f"{n.get('evaluations', '–')} |", flush=True)
+
+
+def registry_tolerance_cases(only: str | None) -> list[tuple[str, str, list[str]]]:
+    """bench/strategies.py's registry cases with an elementwise tolerance (the text-image case needs its image)."""
+    bs = _bench_strategies()
+    out = []
+    for name, label, args in bs.REGISTRY_CASES:
+        if "@text-image" in args or (only and only not in f"{name} {label}"):
+            continue
+        tol = args[args.index("--atol") + 1]
+        out.append((f"{name} {tol}", name, list(args)))
+    return out
 
 
 def main() -> None:
@@ -133,6 +149,9 @@ def main() -> None:
     ap.add_argument("--plans", action="store_true")
     ap.add_argument("--scan", action="store_true")
     ap.add_argument("--command", nargs="+", metavar="CASE TOL", help="pairs: model name, tolerance")
+    ap.add_argument("--registry", action="store_true", help="--command on every registry case of "
+                    "bench/strategies.py with an elementwise tolerance (--only filters)")
+    ap.add_argument("--modes", default="off,search", help="--second-opinion modes for --command (off,check,search)")
     ap.add_argument("--only", default=None)
     ap.add_argument("--out", default="/tmp/second-opinion-sets")
     a = ap.parse_args()
@@ -140,9 +159,11 @@ def main() -> None:
         plans(a.only)
     if a.scan:
         scan(a.only)
-    if a.command:
-        pairs = list(zip(a.command[::2], a.command[1::2]))
-        command(pairs, Path(a.out))
+    cases = [(f"{n} {t}", n, ["--atol", t, "--rtol", t]) for n, t in zip((a.command or [])[::2], (a.command or [])[1::2])]
+    if a.registry:
+        cases += registry_tolerance_cases(a.only)
+    if cases:
+        command(cases, Path(a.out), a.modes.split(","))
 
 
 if __name__ == "__main__":

@@ -232,3 +232,25 @@ def test_a_block_run_node_by_node_drops_each_internal_tensor_after_its_last_read
                 assert t not in released
             else:
                 assert released[t] == max([i, *readers[t]])
+
+
+def test_batch_says_which_models_sit_at_the_edge(monkeypatch, tmp_path):
+    plain = api.precision(PLANTED, output_dir=None, atol=1e-1, no_cache=True)
+    config = tmp_path / "nightly.toml"
+    config.write_text(f"""
+[defaults]
+args = ["--fp16", "--no-cache", "--atol", "1e-1"]
+output_dir = "out"
+
+[[model]]
+name = "planted"
+path = "{PLANTED}"
+""")
+    js = tmp_path / "a.json"
+    assert main_cli("batch", str(config), "--json", str(js)) == 0
+    first = json.loads(js.read_text())["models"][0]
+    assert first["node_by_node_passed"] is True and first["status"] == "ok"
+    _disagreeing(monkeypatch, next(n for n in api_candidates(PLANTED) if n not in plain.fp32_nodes))
+    assert main_cli("batch", str(config), "--json", str(js)) == 0  # the verdict stands: not a regression
+    edge = json.loads(js.read_text())["models"][0]
+    assert edge["node_by_node_passed"] is False and "edge" in edge["status"]

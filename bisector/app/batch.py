@@ -107,11 +107,14 @@ class ModelOutcome:
     error: str = ""
     outputs: dict[str, Any] = field(default_factory=dict)  # OutputComparison per output (final plan)
     missing_nodes: list[str] = field(default_factory=list)
+    # the second opinion (bisector.app.second_opinion): whether the set passed with every node run alone too;
+    # False: it sits at the edge of the tolerance (said in the status, not a regression); None: not judged so
+    node_by_node: bool | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "mode": self.mode, "exit_code": self.exit_code, "status": self.status,
                 "seconds": self.seconds, "fp32_nodes": self.fp32_nodes, "regression": self.regression,
-                "error": self.error, "missing_nodes": self.missing_nodes,
+                "error": self.error, "missing_nodes": self.missing_nodes, "node_by_node_passed": self.node_by_node,
                 "outputs": {k: v.to_json() for k, v in self.outputs.items()}}
 
 
@@ -217,6 +220,7 @@ def _run_entry(e: ModelEntry, output_dir: Path, options: dict[str, Any]) -> Mode
         if e.mode == "precision":
             r = precision(e.path, output_dir=output_dir / e.name, **options)
             outcome.fp32_nodes, outcome.outputs = r.fp32_nodes, r.verdict.outputs
+            outcome.node_by_node = (r.constraints.node_by_node or {}).get("passed")
             outcome.exit_code = 0 if r.passed else 1
             if r.passed and e.expect_fp32 is not None and sorted(e.expect_fp32) != sorted(r.fp32_nodes):
                 outcome.regression = (f"FP32 set changed: expected {sorted(e.expect_fp32)}, found "
@@ -227,6 +231,7 @@ def _run_entry(e: ModelEntry, output_dir: Path, options: dict[str, Any]) -> Mode
             v = verify(e.path, e.constraints, **options)
             outcome.fp32_nodes, outcome.outputs = v.fp32_nodes, v.verdict.outputs
             outcome.missing_nodes = v.missing_nodes
+            outcome.node_by_node = None if v.node_by_node is None else v.node_by_node.passed
             outcome.exit_code = 0 if v.passed else 1
     except BisectorError as exc:
         outcome.exit_code, outcome.error = exc.exit_code, str(exc)
@@ -237,4 +242,6 @@ def _run_entry(e: ModelEntry, output_dir: Path, options: dict[str, Any]) -> Mode
         log.error("%s: %s", e.name, outcome.error)
     outcome.seconds = time.perf_counter() - t0
     outcome.status = STATUS.get(outcome.exit_code, f"exit {outcome.exit_code}")
+    if outcome.exit_code == 0 and outcome.node_by_node is False:
+        outcome.status = "ok (edge: fails node by node)"
     return outcome
