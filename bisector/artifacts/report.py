@@ -123,9 +123,10 @@ def _second_opinion_lines(nbn: dict | None) -> list[str]:
     if not nbn.get("passed"):
         return [f"- **Fails with every node run alone** ({x(nbn.get('excess'))} x the tolerance, though it passes "
                 "through the emulator's fused blocks): its verdict turns on FP32 rounding order, so the set sits at "
-                "the edge of the tolerance (6 of 7 such sets failed on an H100's ORT-CUDA). Judge it where it will "
-                "run (`--confirm-on ort-cuda`, `verify --backend`); `--second-opinion search` searches on for a set "
-                "that passes both ways (robust to the emulator's fusions, not to the GPU's)."]
+                "the edge of the tolerance, where an ONNX Runtime that fuses otherwise can turn the verdict. Only "
+                "the hardware decides whether it holds there (`--confirm-on ort-cuda`, `verify --backend`); "
+                "`--second-opinion search` searches on for a set that passes both ways (robust to the emulator's "
+                "fusions, not to the GPU's)."]
     return [f"- Second opinion: passes with every node of its FP16 cone run alone too ({x(nbn.get('excess'))} x the "
             "tolerance)."]
 

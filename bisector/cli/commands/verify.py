@@ -51,7 +51,7 @@ def verify(model: Model, constraints: Recorded, check_minimal: CheckMinimal = Fa
         say(f"{'pass' if nbn.passed else 'EDGE'} node by node (every node of the FP16 cone run alone, not through "
             f"fused blocks): {nbn.excess:.3g} × the tolerance"
             + ("" if nbn.passed else f" on {', '.join(map(api.one_line, sorted(nbn.failing)))}: the verdict stands, "
-               "but the set sits at the edge of the tolerance (a GPU build is likely to fail it)"))
+               "but the set sits at the edge of the tolerance (another ONNX Runtime's fusions can turn it)"))
     if r.missing_nodes:
         say(f"FAIL: {len(r.missing_nodes)} recorded FP32 node(s) no longer exist in the model (renamed or removed): "
             f"{', '.join(r.missing_nodes)}. Re-run `bisector precision` to refresh constraints.json.")
