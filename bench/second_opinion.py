@@ -104,7 +104,7 @@ def scan(only: str | None) -> None:
         job.close()
 
 
-def command(cases: list[tuple[str, str, list[str]]], out: Path, modes: list[str]) -> None:
+def command(cases: list[tuple[str, str, list[str]]], out: Path, modes: list[str], extra: list[str] = ()) -> None:
     """`bisector precision` per case and --second-opinion mode; (label, registry model, tolerance flags)."""
     from registry_models import MODELS, fetch
 
@@ -119,7 +119,7 @@ def command(cases: list[tuple[str, str, list[str]]], out: Path, modes: list[str]
             t0 = time.perf_counter()
             r = subprocess.run([sys.executable, "-m", "bisector.cli", "precision", str(path), "--fp16",
                                 *MODELS[name].input_flags, *tols, "-o", str(folder), "--no-cache", "--no-mixed",
-                                "--no-progress", "--second-opinion", mode], capture_output=True, text=True)
+                                "--no-progress", "--second-opinion", mode, *extra], capture_output=True, text=True)
             wall = time.perf_counter() - t0
             if not (folder / "constraints.json").is_file():
                 print(f"| {label} | {mode} | {r.returncode} | {r.stderr.strip()[-200:]!r} |", flush=True)
@@ -152,6 +152,7 @@ def main() -> None:
     ap.add_argument("--registry", action="store_true", help="--command on every registry case of "
                     "bench/strategies.py with an elementwise tolerance (--only filters)")
     ap.add_argument("--modes", default="off,search", help="--second-opinion modes for --command (off,check,search)")
+    ap.add_argument("--extra", default="", help="more flags for --command's searches (e.g. \"--margin 0.5\")")
     ap.add_argument("--only", default=None)
     ap.add_argument("--out", default="/tmp/second-opinion-sets")
     a = ap.parse_args()
@@ -163,7 +164,7 @@ def main() -> None:
     if a.registry:
         cases += registry_tolerance_cases(a.only)
     if cases:
-        command(cases, Path(a.out), a.modes.split(","))
+        command(cases, Path(a.out), a.modes.split(","), a.extra.split())
 
 
 if __name__ == "__main__":

@@ -14,8 +14,8 @@ the emulator's fusions (and to an ONNX Runtime upgrade that changes them), not t
 such sets (docs/benchmarks.md, "Trust, thirtieth round"): the searched-on sets were larger (1.07-3.4 x), took
 1.8-2.8 x the evaluations, and held on an H100's ORT-CUDA no more often (0 of 7, against 1 of 7) — hence not
 the default. Nor does the check predict the GPU: at those tight tolerances 5 of 24 sets that passed both ways
-held there, and 1 of 6 that did not. Searching on with the node-by-node judge alone only moved the edge: the classifier's 28-node set
-from it failed through the blocks at 11 x.
+held there, and 1 of 6 that did not. Searching on with the node-by-node judge alone only moved the edge: the
+classifier's 28-node set from it failed through the blocks at 11 x.
 """
 
 from __future__ import annotations
@@ -79,8 +79,9 @@ def second_opinion(job: Any, found: SearchResult, strategy: str, strategy_option
                    progress: Callable[[dict], None] | None = None) -> tuple[SearchResult, SecondOpinion | None]:
     """Judge `found`'s set node by node; where it fails there, warn, and with `search` search on from it with the
     both-ways judge (extend, then shrink). Returns the final result and the record (None: not judged — another
-    backend, nothing FP16, or no time left). `on_verdict`, `progress`: the search's observers, told of the search from the set as well.
-    The result's `seconds` stay the first search's: the record's are this check's and the search from it."""
+    backend, nothing FP16, or no time left). `on_verdict`, `progress`: the search's observers, told of the search
+    from the set as well. The result's `seconds` stay the first search's; the record's are this check's and the
+    search's from it."""
     if not (found.passed and available(job.backend)) or budget.spent():
         return found, None
     plan = Plan(frozenset(found.fp32), job.catalog.candidates)

@@ -70,7 +70,7 @@ class Constraints(BaseModel):
                                                    "second_opinion): passed, excess, whether the set the search "
                                                    "found passed so, and whether the search went on from it "
                                                    "(`extended`); None: not judged so (another backend, "
-                                                   "--confirm-on, --no-second-opinion, nothing FP16, no time left)")
+                                                   "--confirm-on, --second-opinion off, nothing FP16, no time left)")
     machine: dict[str, str] = Field(default_factory=dict, description="CPU, instruction set, ONNX Runtime "
                                     "version and its threads (`ort_threads`) the verdicts were measured with")
     worst_input_set: int = Field(0, description="index of the input set on which the final plan is furthest from "

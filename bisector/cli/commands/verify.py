@@ -32,7 +32,8 @@ def verify(model: Model, constraints: Recorded, check_minimal: CheckMinimal = Fa
     from bisector.app import api
 
     setup_logging(verbose)
-    r = api.verify(model, constraints, check_minimal=check_minimal, second_opinion=second_opinion, backend=opts[BackendChoice], cache=opts[Cache],
+    r = api.verify(model, constraints, check_minimal=check_minimal, second_opinion=second_opinion,
+                   backend=opts[BackendChoice], cache=opts[Cache],
                    **_given(opts))
     say = human_output(json_out)
     for name, c in r.verdict.outputs.items():
