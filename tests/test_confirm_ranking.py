@@ -79,7 +79,7 @@ def test_the_restricted_ranking_keeps_what_the_driver_reads():
 
 
 def test_the_report_says_when_only_the_emulator_judged(tmp_path):
-    """An emulate result is a proposal at tight tolerances (5 of 17 held on a GPU): report.md says so, and stops
+    """An emulate result is a proposal at tight tolerances (6 of 30 held on a GPU): report.md says so, and stops
     saying so once --confirm-on judged the set elsewhere."""
     import json
 

@@ -26,11 +26,11 @@ def render_report(catalog: Catalog, c: Constraints, strings: dict, extra: str = 
         f"- Result: **{status}** with {len(c.fp32_nodes)} of {c.candidates} candidate nodes in FP32"
         + (" (1-minimal)" if c.minimal else " (not proven minimal" + (f": {text(c.stop_reason)}" if c.stop_reason else "") + ")"),
         f"- Backend: {code(c.backend.get('backend', '?'))} ({text(', '.join(f'{k} {v}' for k, v in c.backend.items() if k != 'backend'))})",
-        *(["- **Judged on the CPU emulator only.** At tolerances where the error is diffuse its sets held on an "
-           "H100's ORT-CUDA in 5 of 17 measured real-model cases (docs/verification.md, \"Fifteenth round\" and "
-           "\"Sixteenth round\"): judge "
-           "the set where it will run, with `--confirm-on ort-cuda` or `--backend tensorrt --start-from "
-           "constraints.json` (both extend it where it fails)."]
+        *(["- **Judged on the CPU emulator only.** At tight tolerances, where the error is diffuse, its sets held "
+           "on a GPU's ORT-CUDA in 6 of 30 measured real-model cases at the default `--margin 0.9`, in 11 with "
+           "`--fp16-arithmetic gpu` and in 21 with `--margin 0.5`, whose sets were 1.9 x larger (docs/benchmarks.md, "
+           "\"Trust, thirtieth round\"): judge the set where it will run, with `--confirm-on ort-cuda` or "
+           "`--backend tensorrt --start-from constraints.json` (both extend it where it fails)."]
           if c.backend.get("backend") == "emulate" and not c.confirmed_on else []),
         *_second_opinion_lines(c.node_by_node),
         f"- Strategy: {code(c.strategy)}; evaluations: {c.evaluations.total} ({c.evaluations.new} new, "
