@@ -656,6 +656,8 @@ def test_block_variants_are_bounded_per_block_and_apart_from_node_sessions(monke
     from bisector.backends.emulate import executor as ex
 
     monkeypatch.setenv("BISECTOR_NUMPY_BLOCKS", "0")  # the chain's blocks as sessions (else numpy runs them)
+    # a session per block variant (the chain's twin blocks would otherwise share a few: tests/test_shared_parts.py)
+    monkeypatch.setenv("BISECTOR_SHARE_PARTS", "0")
 
     model, _ = chain_model(1200, width=16)
     cat = Catalog.from_model(model)

@@ -27,7 +27,9 @@ import onnxruntime as ort
 from onnx import helper
 
 from bisector import ort_pool
+from bisector.backends.emulate import shared_parts
 from bisector.backends.emulate.reference import ReferenceStore, spill_threshold
+from bisector.backends.emulate.shared_parts import type_key
 from bisector.cores import usable_cores
 from bisector.errors import BackendFailure
 from bisector.fp16 import rules
@@ -121,6 +123,12 @@ class NodeExecutor:
         self.sessions_built = 0
         self.build_seconds = 0.0  # time spent building sessions (a one-time cost per node variant and block)
         self._shaped: set[tuple] = set()  # parts built with their inputs' shapes declared (`_session`)
+        # Parts that share a session with their twins (`_run_shared`): each variant's binding, least recently used
+        # first, and the blocks and nodes that do not share. BISECTOR_SHARE_PARTS=0: a session per part as before.
+        self.share_parts = os.environ.get("BISECTOR_SHARE_PARTS", "1").strip() != "0"
+        self._parts: OrderedDict[tuple, shared_parts.SharedPart] = OrderedDict()
+        self.max_parts = MAX_PARTS
+        self._unshared: set[tuple] = set()
 
     def _options(self, threads: int | None = None) -> ort.SessionOptions:
         opts = ort_pool.session_options(threads or self._threads or usable_cores())
@@ -375,9 +383,15 @@ class NodeExecutor:
             if t not in self.weights:
                 # an outer-scope value of a subgraph: no Cast can reach inside, so it is rounded here
                 feed.setdefault(t, rules.round_activation_as(self.storage, v) if (r is Read.ROUND and idx is None) else v)
-        key = (node.name, reads, round_out, tuple(_type_key(v) for v in feed.values()))
+        key = (node.name, reads, round_out, tuple(type_key(v) for v in feed.values()))
         key, shapes = self._shaped_key(("node", node.name), key, feed)
         sess = self._cached(key)
+        if sess is None and shapes is None:
+            out = self._run_shared(("node", node.name), key, lambda: self.compose([node], [(reads, round_out)]),
+                                   feed, nonempty(node.output), f"node {node.name!r} ({node.op_type})",
+                                   not any(round_out) and all(r is Read.EXACT for r in reads))
+            if out is not None:
+                return out
         if sess is None:
             nodes, weights = self.compose([node], [(reads, round_out)])
             sess = self._keep(key, self._session(nodes, f"node {node.name!r} ({node.op_type})", feed, weights,
@@ -611,8 +625,12 @@ class NodeExecutor:
                 pass
         return sess
 
-    def _keep(self, key: tuple, sess: ort.InferenceSession) -> ort.InferenceSession:
-        if not self.keep_variants and key[0] == "block" and not _all_exact(key[2]):
+    def _keep(self, key: tuple, sess: ort.InferenceSession, exact: bool | None = None) -> ort.InferenceSession:
+        """Caches `sess` under `key`, evicting the least recently used past the bounds. `exact`: whether it is an
+        all-FP32 variant (read from a block key's specs where not given)."""
+        if exact is None and key[0] == "block":
+            exact = _all_exact(key[2])
+        if not self.keep_variants and key[0] == "block" and not exact:
             return sess  # a one-off plan's variant (`keep_variants`): used for this run, then freed
         cache = self._cache(key)
         limit = self.max_sessions if cache is self._sessions else self.max_node_sessions
@@ -654,19 +672,72 @@ class NodeExecutor:
                 isinstance(v, np.ndarray) and v.dtype == np.float32 and v.nbytes <= NUMPY_BLOCK_BYTES for v in values):
             return self._run_block_numpy(block, values, specs)
         feed = {t: v for t, v in zip(block.inputs, values) if t not in self.weights}
-        key, shapes = self._shaped_key(("block", block.index), ("block", block.index, specs), feed)
-        sess = self._cached(key)
-        if sess is None:
-            nodes, weights = self.compose(block.nodes, specs)
-            sess = self._keep(key, self._session(
-                nodes, f"block {block.index} ({block.nodes[0].name}..{block.nodes[-1].name})", feed, weights,
-                list(block.outputs), ident=("block", block.index), shapes=shapes))
+        ident = ("block", block.index)
+        key, shapes = self._shaped_key(ident, ("block", block.index, specs), feed)
+        what = f"block {block.index} ({block.nodes[0].name}..{block.nodes[-1].name})"
         shrink = (self._shrink_from < float("inf") and _grown_past(self._shrink_above)
                   and sum(int(getattr(v, "nbytes", 0)) for v in feed.values()) >= self._shrink_from)
+        sess = self._cached(key)
+        if sess is None and shapes is None:
+            out = self._run_shared(ident, key, lambda: self.compose(block.nodes, specs), feed, list(block.outputs),
+                                   what, _all_exact(specs), shrink)
+            if out is not None:
+                return out
+        if sess is None:
+            nodes, weights = self.compose(block.nodes, specs)
+            sess = self._keep(key, self._session(nodes, what, feed, weights, list(block.outputs), ident=ident,
+                                                 shapes=shapes))
         try:
             return self._run(key, sess, None, feed, shrink)
         except Exception as exc:
             raise BackendFailure(f"ONNX Runtime failed to run block {block.index}: {exc}") from None
+
+    def _run_shared(self, ident: tuple, key: tuple, compose: Callable[[], tuple[list, dict]],
+                    feed: Mapping[str, Any], outputs: list[str], what: str, exact: bool,
+                    shrink: bool = False) -> list[np.ndarray] | None:
+        """The part `key` (a block or node variant) run in the session it shares with every part of the same
+        canonical form (`shared_parts`: the same graph on other small weights); None where `ident` does not
+        share, and then it keeps a session of its own. The binding (canonical names, the weights to feed) is
+        kept per variant; the session per canonical form, under the same bounds as every other session."""
+        if not self.share_parts or ident in self._unshared:
+            return None
+        part = self._parts.get(key)
+        canon = None
+        if part is None:
+            canon = shared_parts.canonical(*compose(), outputs=outputs, feed=feed)
+            if canon is None:
+                self._unshared.add(ident)
+                return None
+            part = canon.part
+            self._parts[key] = part
+            while len(self._parts) > self.max_parts:
+                try:
+                    self._parts.popitem(last=False)
+                except KeyError:  # emptied by another evaluation thread (`_cache`'s note)
+                    break
+        else:
+            try:
+                self._parts.move_to_end(key)
+            except KeyError:
+                pass
+        kind = "block" if key[0] == "block" else "node"  # `_cache` picks the cache by key[0]
+        try:
+            sess = self._cached((kind, "shared", part.digest))
+            if sess is None:
+                if canon is None:  # the binding outlived its session: composed again to build it
+                    canon = shared_parts.canonical(*compose(), outputs=outputs, feed=feed)
+                    if canon is None:
+                        raise BackendFailure("no canonical form")
+                    part = self._parts[key] = canon.part
+                sess = self._keep((kind, "shared", part.digest), self._session(
+                    canon.nodes, what, canon.inputs, canon.kept, list(part.outputs), shapes=canon.shapes), exact)
+            return self._run((kind, "shared", part.digest), sess, None, part.feed(feed), shrink)
+        except Exception:
+            # A part ORT builds or runs only with its own weights as constants: its own session from now on
+            # (whose failure, if it fails there too, is the one reported)
+            self._unshared.add(ident)
+            self._parts.pop(key, None)
+            return None
 
     def _run_block_numpy(self, block: "_Block", values: list[np.ndarray], specs: tuple) -> list[np.ndarray]:
         """A block of float32 Add/Sub/Mul/Div/Neg/Abs/Identity nodes on small tensors, computed by numpy as its
@@ -733,6 +804,9 @@ MAX_SESSIONS = 128
 SESSIONS_PER_BLOCK = 2
 SESSIONS_WEIGHT_SHARE = 0.25
 SESSION_BYTES = 150 << 10
+# Bindings of parts to shared sessions kept (`_run_shared`): names and references to weights the executor holds
+# anyway, ~1 KB each; one missing costs a compose, not a session build
+MAX_PARTS = 4096
 MAX_NODE_SESSIONS = 1024  # node-level variants (`run_all`, `profile`) kept at least (4 per block in larger models)
 _SMALL_TENSOR_BYTES = 64 * 1024  # sessions whose inputs and weights are all this small run single-threaded
 _SMALL_WEIGHT_BYTES = 1 << 20
@@ -921,12 +995,6 @@ def _nbytes(value) -> int:
 def _dtype(value) -> np.dtype:
     """A value's dtype; object for a sequence (a list: np.asarray would stack its tensors, or fail on ragged ones)."""
     return np.dtype(object) if isinstance(value, (list, tuple)) else np.asarray(value).dtype
-
-
-def _type_key(value) -> str:
-    if isinstance(value, (list, tuple)):
-        return "seq(" + (str(np.asarray(value[0]).dtype) if value else "") + ")"
-    return str(value.dtype)
 
 
 def _type_only(value):
