@@ -385,13 +385,13 @@ class NodeExecutor:
                 feed.setdefault(t, rules.round_activation_as(self.storage, v) if (r is Read.ROUND and idx is None) else v)
         key = (node.name, reads, round_out, tuple(type_key(v) for v in feed.values()))
         key, shapes = self._shaped_key(("node", node.name), key, feed)
-        sess = self._cached(key)
-        if sess is None and shapes is None:
+        if shapes is None:
             out = self._run_shared(("node", node.name), key, lambda: self.compose([node], [(reads, round_out)]),
                                    feed, nonempty(node.output), f"node {node.name!r} ({node.op_type})",
-                                   not any(round_out) and all(r is Read.EXACT for r in reads))
+                                   lambda: not any(round_out) and all(r is Read.EXACT for r in reads))
             if out is not None:
                 return out
+        sess = self._cached(key)
         if sess is None:
             nodes, weights = self.compose([node], [(reads, round_out)])
             sess = self._keep(key, self._session(nodes, f"node {node.name!r} ({node.op_type})", feed, weights,
@@ -677,12 +677,12 @@ class NodeExecutor:
         what = f"block {block.index} ({block.nodes[0].name}..{block.nodes[-1].name})"
         shrink = (self._shrink_from < float("inf") and _grown_past(self._shrink_above)
                   and sum(int(getattr(v, "nbytes", 0)) for v in feed.values()) >= self._shrink_from)
-        sess = self._cached(key)
-        if sess is None and shapes is None:
+        if shapes is None:  # a part shares or not once for all its variants: its own cache is not asked first
             out = self._run_shared(ident, key, lambda: self.compose(block.nodes, specs), feed, list(block.outputs),
-                                   what, _all_exact(specs), shrink)
+                                   what, lambda: _all_exact(specs), shrink)
             if out is not None:
                 return out
+        sess = self._cached(key)
         if sess is None:
             nodes, weights = self.compose(block.nodes, specs)
             sess = self._keep(key, self._session(nodes, what, feed, weights, list(block.outputs), ident=ident,
@@ -693,12 +693,13 @@ class NodeExecutor:
             raise BackendFailure(f"ONNX Runtime failed to run block {block.index}: {exc}") from None
 
     def _run_shared(self, ident: tuple, key: tuple, compose: Callable[[], tuple[list, dict]],
-                    feed: Mapping[str, Any], outputs: list[str], what: str, exact: bool,
+                    feed: Mapping[str, Any], outputs: list[str], what: str, exact: Callable[[], bool],
                     shrink: bool = False) -> list[np.ndarray] | None:
         """The part `key` (a block or node variant) run in the session it shares with every part of the same
         canonical form (`shared_parts`: the same graph on other small weights); None where `ident` does not
         share, and then it keeps a session of its own. The binding (canonical names, the weights to feed) is
-        kept per variant; the session per canonical form, under the same bounds as every other session."""
+        kept per variant; the session per canonical form, under the same bounds as every other session.
+        `exact()`: whether the variant is all-FP32 (asked only when a session is built: `_keep`)."""
         if not self.share_parts or ident in self._unshared:
             return None
         part = self._parts.get(key)
@@ -730,7 +731,7 @@ class NodeExecutor:
                         raise BackendFailure("no canonical form")
                     part = self._parts[key] = canon.part
                 sess = self._keep((kind, "shared", part.digest), self._session(
-                    canon.nodes, what, canon.inputs, canon.kept, list(part.outputs), shapes=canon.shapes), exact)
+                    canon.nodes, what, canon.inputs, canon.kept, list(part.outputs), shapes=canon.shapes), exact())
             return self._run((kind, "shared", part.digest), sess, None, part.feed(feed), shrink)
         except Exception:
             # A part ORT builds or runs only with its own weights as constants: its own session from now on
