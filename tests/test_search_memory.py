@@ -246,3 +246,41 @@ def test_the_search_runs_without_pydantic_loaded(tmp_path):
     # every backend the search opened closed without pydantic; the artifacts loaded it afterwards
     assert "SEEN [False" in line and "True," not in line.split("AFTER")[0], line
     assert line.endswith("AFTER True"), line
+
+
+def test_the_heap_gives_back_the_searchs_memory_before_the_artifacts(tmp_path):
+    """After the search's backend closes, the freed heap goes back to the system (`heap.give_back_free_memory`)
+    before pydantic and the artifacts load: what they allocate then does not sit on top of the search's peak
+    (the MatMul/Tanh chain: 131 -> 127 MB at the end, docs/benchmarks.md, "Scale, thirty-first round")."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "planted.onnx"
+    script = (
+        "import sys\n"
+        "import bisector.app.precision as precision\n"
+        "from bisector.backends.emulate.backend import EmulateBackend\n"
+        "events = []\n"
+        "close = EmulateBackend.close\n"
+        "def closing(self):\n"
+        "    if self.executor is not None:\n"
+        "        events.append('close')\n"
+        "    return close(self)\n"
+        "EmulateBackend.close = closing\n"
+        "give = precision.give_back_free_memory\n"
+        "def giving():\n"
+        "    events.append('give pydantic' if 'pydantic' in sys.modules else 'give')\n"
+        "    return give()\n"
+        "precision.give_back_free_memory = giving\n"
+        "from bisector.cli.main import main\n"
+        f"rc = main(['precision', {str(fixture)!r}, '--fp16', '-o', {str(tmp_path / 'out')!r}, '--no-cache'])\n"
+        "print('RC', rc, 'EVENTS', ' '.join(events), 'LINUX', give() if sys.platform.startswith('linux') else True)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("RC"))
+    assert line.startswith("RC 0 "), r.stdout + r.stderr
+    events = line.split("EVENTS ")[1].split(" LINUX")[0].split()
+    # once, right after the search's backend closed (the last open one), before pydantic loaded
+    assert events.count("give") == 1 and events[-1] == "give" and events[-2] == "close", line
+    assert line.endswith("LINUX True"), line  # glibc here: the heap was trimmed

@@ -16,6 +16,7 @@ from bisector.app.job import Job, build_job, unjudged_branches
 from bisector.app.options import BackendChoice, Cache, Inputs, Search, Tolerances, split_options
 from bisector.errors import UsageError
 from bisector.files import ensure_dir
+from bisector.heap import give_back_free_memory
 from bisector.budget import Budget
 from bisector.search.driver import SearchResult, run_search
 from bisector.search.executors import (WORKER_INDEX, Executor, ProcessPool, RayPool, start_executor,
@@ -177,6 +178,7 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
         # exactly instead of by the rule again); they are within the search's own budget for them.
         rounded = getattr(job.backend, "rounded_weights", dict)() if output_dir is not None and mixed else {}
         job.backend.close()
+        give_back_free_memory()
         constraints = _constraints(job, Path(model), result, s.strategy, timings, s.strategy_option, described)
         constraints.confirmed_on = confirmed_on
         constraints.node_by_node = opinion.to_json() if opinion is not None else None
