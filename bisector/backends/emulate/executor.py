@@ -127,7 +127,6 @@ class NodeExecutor:
         # first, and the blocks and nodes that do not share. BISECTOR_SHARE_PARTS=0: a session per part as before.
         self.share_parts = os.environ.get("BISECTOR_SHARE_PARTS", "1").strip() != "0"
         self._parts: OrderedDict[tuple, shared_parts.SharedPart] = OrderedDict()
-        self.max_parts = MAX_PARTS
         self._unshared: set[tuple] = set()
 
     def _options(self, threads: int | None = None) -> ort.SessionOptions:
@@ -252,6 +251,7 @@ class NodeExecutor:
                                 int(SESSIONS_WEIGHT_SHARE * self.weight_bytes) // SESSION_BYTES,
                                 min(MAX_SESSIONS, size // SESSION_BYTES))
         self.copies_budget = max(self._copies_base, min(COPIES_BUDGET_MIN, size))
+        self.max_parts = max(MAX_PARTS, PARTS_PER_SESSION * self.max_sessions)
         self._sized = (self.max_sessions, self.copies_budget)
 
     def run_reference(self, feeds: Mapping[str, np.ndarray], boundary_only: bool = False) -> ReferenceStore:
@@ -805,9 +805,12 @@ MAX_SESSIONS = 128
 SESSIONS_PER_BLOCK = 2
 SESSIONS_WEIGHT_SHARE = 0.25
 SESSION_BYTES = 150 << 10
-# Bindings of parts to shared sessions kept (`_run_shared`): names and references to weights the executor holds
-# anyway, ~1 KB each; one missing costs a compose, not a session build
-MAX_PARTS = 4096
+# Bindings of parts to shared sessions kept (`_run_shared`): names, the variant's specs and references to weights
+# the executor holds anyway, ~1 KB each; one missing costs a compose (~0.4 ms), not a session build. Four per
+# session kept, at least 1024: the 60-output MatMul/Tanh chain's search held 2 MB less than with 4096, in the same
+# time; with 512 it took 17% longer (docs/benchmarks.md, "Scale, thirty-first round")
+MAX_PARTS = 1024
+PARTS_PER_SESSION = 4
 MAX_NODE_SESSIONS = 1024  # node-level variants (`run_all`, `profile`) kept at least (4 per block in larger models)
 _SMALL_TENSOR_BYTES = 64 * 1024  # sessions whose inputs and weights are all this small run single-threaded
 _SMALL_WEIGHT_BYTES = 1 << 20
