@@ -218,40 +218,13 @@ def test_a_small_models_cached_sessions_are_bounded_by_its_own_size():
     assert e.max_sessions >= ex.MAX_SESSIONS and e.copies_budget >= min(ex.COPIES_BUDGET_MIN, e.weight_bytes)
 
 
-def test_the_search_runs_without_pydantic_loaded(tmp_path):
+def test_the_search_runs_without_pydantic_loaded_and_gives_its_heap_back_before_it(tmp_path):
     """pydantic (~6 MB resident) is needed only to write the artifacts, after the search has given its memory
     back; loaded while parsing the command line (typer 0.29 coerces every parameter through it), it counted in
-    every search's peak. A subprocess: the test process has pydantic loaded already."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "planted.onnx"
-    script = (
-        "import sys\n"
-        "from bisector.backends.emulate.backend import EmulateBackend\n"
-        "seen = []\n"
-        "close = EmulateBackend.close\n"
-        "def closing(self):\n"
-        "    seen.append('pydantic' in sys.modules)\n"
-        "    return close(self)\n"
-        "EmulateBackend.close = closing\n"
-        "from bisector.cli.main import main\n"
-        f"rc = main(['precision', {str(fixture)!r}, '--fp16', '-o', {str(tmp_path / 'out')!r}, '--no-cache'])\n"
-        "print('RC', rc, 'SEEN', seen, 'AFTER', 'pydantic' in sys.modules)\n"
-    )
-    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("RC"))
-    assert line.startswith("RC 0 "), r.stdout + r.stderr
-    # every backend the search opened closed without pydantic; the artifacts loaded it afterwards
-    assert "SEEN [False" in line and "True," not in line.split("AFTER")[0], line
-    assert line.endswith("AFTER True"), line
-
-
-def test_the_heap_gives_back_the_searchs_memory_before_the_artifacts(tmp_path):
-    """After the search's backend closes, the freed heap goes back to the system (`heap.give_back_free_memory`)
-    before pydantic and the artifacts load: what they allocate then does not sit on top of the search's peak
-    (the MatMul/Tanh chain: 131 -> 127 MB at the end, docs/benchmarks.md, "Scale, thirty-first round")."""
+    every search's peak. Once the search's backend closes, the freed heap goes back to the system
+    (`heap.give_back_free_memory`) before pydantic and the artifacts load, so what they allocate does not sit on
+    top of the search's peak (the MatMul/Tanh chain: 131 -> 127 MB at the end; docs/benchmarks.md, "Scale,
+    thirty-first round"). A subprocess: the test process has pydantic loaded already."""
     import subprocess
     import sys
     from pathlib import Path
@@ -262,25 +235,31 @@ def test_the_heap_gives_back_the_searchs_memory_before_the_artifacts(tmp_path):
         "import bisector.app.precision as precision\n"
         "from bisector.backends.emulate.backend import EmulateBackend\n"
         "events = []\n"
+        "def note(what):\n"
+        "    events.append(what + ('+pydantic' if 'pydantic' in sys.modules else ''))\n"
         "close = EmulateBackend.close\n"
         "def closing(self):\n"
         "    if self.executor is not None:\n"
-        "        events.append('close')\n"
+        "        note('close')\n"
         "    return close(self)\n"
         "EmulateBackend.close = closing\n"
         "give = precision.give_back_free_memory\n"
         "def giving():\n"
-        "    events.append('give pydantic' if 'pydantic' in sys.modules else 'give')\n"
+        "    note('give')\n"
         "    return give()\n"
         "precision.give_back_free_memory = giving\n"
         "from bisector.cli.main import main\n"
         f"rc = main(['precision', {str(fixture)!r}, '--fp16', '-o', {str(tmp_path / 'out')!r}, '--no-cache'])\n"
-        "print('RC', rc, 'EVENTS', ' '.join(events), 'LINUX', give() if sys.platform.startswith('linux') else True)\n"
+        "print('RC', rc, 'EVENTS', ' '.join(events), 'AFTER', 'pydantic' in sys.modules,\n"
+        "      'TRIMMED', give() if sys.platform.startswith('linux') else True)\n"
     )
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     line = next(ln for ln in r.stdout.splitlines() if ln.startswith("RC"))
     assert line.startswith("RC 0 "), r.stdout + r.stderr
-    events = line.split("EVENTS ")[1].split(" LINUX")[0].split()
-    # once, right after the search's backend closed (the last open one), before pydantic loaded
-    assert events.count("give") == 1 and events[-1] == "give" and events[-2] == "close", line
-    assert line.endswith("LINUX True"), line  # glibc here: the heap was trimmed
+    events = line.split("EVENTS ")[1].split(" AFTER")[0].split()
+    # every backend the search opened closed without pydantic; the heap was given back once, right after the
+    # last of them, still without pydantic; the artifacts loaded it afterwards
+    assert events[-2:] == ["close", "give"] and events.count("give") == 1, line
+    assert not any(e.endswith("+pydantic") for e in events), line
+    assert " AFTER True " in line, line
+    assert line.endswith("TRIMMED True"), line  # glibc here: the heap was trimmed
