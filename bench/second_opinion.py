@@ -7,6 +7,7 @@ node-by-node verdict of the same plan disagree, and what searching on from such 
     python bench/second_opinion.py --scan [--only TEXT]      # bench/strategies.py's real-model cases: `auto`'s set
                                                              # judged through the blocks and node by node
     python bench/second_opinion.py --registry --modes check  # the same on every registry case (--only filters)
+    python bench/second_opinion.py --all-fp16 [--only TEXT]  # the all-FP16 plan's excess per registry case
     python bench/second_opinion.py --command CASE TOL ...    # the `bisector precision` command per
                                                              # --second-opinion mode (off, search): set, evaluations,
                                                              # wall; -o folders under --out for the device's check
@@ -144,10 +145,30 @@ def registry_tolerance_cases(only: str | None) -> list[tuple[str, str, list[str]
     return out
 
 
+def all_fp16(only: str | None) -> None:
+    """The all-FP16 plan's excess (emulate, through the blocks) per registry tolerance case: how far past the
+    tolerance FP16 error goes before any node is kept FP32 (how diffuse the search will be)."""
+    from registry_models import MODELS, fetch
+
+    print("| case | candidates | all-FP16 excess |")
+    print("|---|---|---|")
+    for label, name, tols in registry_tolerance_cases(only):
+        path = fetch(name)
+        if path is None:
+            continue
+        job = open_job(path, no_cache=True, **options_from_flags([*MODELS[name].input_flags, *tols]))
+        try:
+            cands = job.catalog.candidates
+            print(f"| {label} | {len(cands)} | {job.judge(Plan(frozenset(), cands)).excess:.4g} |", flush=True)
+        finally:
+            job.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--plans", action="store_true")
     ap.add_argument("--scan", action="store_true")
+    ap.add_argument("--all-fp16", action="store_true", help="the all-FP16 excess of every registry tolerance case")
     ap.add_argument("--command", nargs="+", metavar="CASE TOL", help="pairs: model name, tolerance")
     ap.add_argument("--registry", action="store_true", help="--command on every registry case of "
                     "bench/strategies.py with an elementwise tolerance (--only filters)")
@@ -160,6 +181,8 @@ def main() -> None:
         plans(a.only)
     if a.scan:
         scan(a.only)
+    if a.all_fp16:
+        all_fp16(a.only)
     cases = [(f"{n} {t}", n, ["--atol", t, "--rtol", t]) for n, t in zip((a.command or [])[::2], (a.command or [])[1::2])]
     if a.registry:
         cases += registry_tolerance_cases(a.only)
