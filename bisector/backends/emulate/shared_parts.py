@@ -7,13 +7,13 @@ sessions were a third of a 1200-node chain's peak, and the second opinion's node
 per node on top (docs/benchmarks.md, "Scale, thirty-first round").
 
 Such parts are the same graph up to names and weight values. Here a part is written in canonical form: every
-tensor renamed by position, its small float weights made graph inputs fed on each run (so the weights' values
+tensor renamed by position, its float32 weights below 4 KB made graph inputs fed on each run (so their values
 are not part of the session), everything else kept as it was. Two parts with the same canonical form run in one
-session. Three things stay in the session and in the key, value and all, because ORT's optimisations read them:
-weights that are not float32 (a Reshape's shape, a Slice's axes), float scalars (the constants a GELU or
-LayerNorm fusion matches on), and everything of a part with a Conv (its NCHWc kernel needs a constant weight), a
-subgraph (outer-scope names), or a weight a session feeds already (4 KB and up: `weights.SHARE_MIN_BYTES`, whose
-budgets the executor keeps per session): such parts are not shared at all.
+session. Weights that ORT's optimisations read as constants stay in the session and in the key, value and all:
+weights that are not float32 (a Reshape's shape, a Slice's axes) and float scalars (the constants a GELU or
+LayerNorm fusion matches on). Not shared at all: parts with a Conv (its NCHWc kernel needs a constant weight),
+with a subgraph (outer-scope names), or with a weight of 4 KB and up (fed per session already:
+`weights.SHARE_MIN_BYTES`, under budgets the executor keeps per session).
 
 Prepacking is off in every session the executor builds, so a MatMul reads a fed weight as it reads an
 initializer: the same kernels and the same bits (tests/test_shared_parts.py checks this on random plans).
