@@ -73,6 +73,17 @@ def available(backend: Any) -> bool:
     return callable(getattr(backend, "run_node_by_node", None))
 
 
+def node_by_node_verdict(job: Any, plan: Plan, fused: Verdict) -> Verdict | None:
+    """`plan` judged with every node of its FP16 cone run alone: `fused` (its verdict through the blocks) itself
+    where no FP32 node feeds another in the cone (the same bits), a new verdict otherwise (one run per input set);
+    None where the backend cannot run so (not emulate) or nothing runs in FP16 (both compute the reference)."""
+    if not available(job.backend) or len(plan.fp32) == len(job.catalog.candidates):
+        return None
+    if not job.backend.node_by_node_differs(plan):
+        return fused
+    return job.judge(plan, run=job.backend.run_node_by_node, lean=True)
+
+
 def second_opinion(job: Any, found: SearchResult, strategy: str, strategy_options: dict[str, Any] | None,
                    budget: Budget, max_evals: int | None, search: bool = False,
                    on_verdict: Callable[[Verdict], Any] | None = None,
@@ -82,17 +93,14 @@ def second_opinion(job: Any, found: SearchResult, strategy: str, strategy_option
     backend, nothing FP16, or no time left). `on_verdict`, `progress`: the search's observers, told of the search
     from the set as well. The result's `seconds` stay the first search's; the record's are this check's and the
     search's from it."""
-    if not (found.passed and available(job.backend)) or budget.spent():
+    if not found.passed or budget.spent():
         return found, None
-    plan = Plan(frozenset(found.fp32), job.catalog.candidates)
-    if len(plan.fp32) == len(job.catalog.candidates):
-        return found, None  # nothing runs in FP16: both judges compute the FP32 reference
     t0 = time.perf_counter()
-    if not job.backend.node_by_node_differs(plan):  # no FP32 node feeds another in its cone: the same bits
-        return found, SecondOpinion(found.verdict, found.verdict, False, 0, time.perf_counter() - t0)
-    first = job.judge(plan, run=job.backend.run_node_by_node, lean=True)
-    if first.passed:
-        return found, SecondOpinion(first, first, False, 1, time.perf_counter() - t0)
+    first = node_by_node_verdict(job, Plan(frozenset(found.fp32), job.catalog.candidates), found.verdict)
+    if first is None:
+        return found, None
+    if first.passed:  # (the fused verdict itself where both run the same bits: no evaluation)
+        return found, SecondOpinion(first, first, False, int(first is not found.verdict), time.perf_counter() - t0)
     left = None if max_evals is None else max_evals - found.evaluations.get("new", 0)  # --max-evals is the command's
     if not search:
         what = ("it sits at the edge of the tolerance, where an ONNX Runtime that fuses otherwise can turn the "

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bisector.app.job import build_job
-from bisector.app.second_opinion import available
+from bisector.app.second_opinion import node_by_node_verdict
 from bisector.app.options import BackendChoice, Cache, Inputs, Tolerances, split_options
 from bisector.errors import UsageError
 from bisector.search.driver import removable
@@ -72,20 +72,16 @@ def verify(model: str | Path, constraints: str | Path, *, check_minimal: bool = 
         # expected to fail, may fail on one batch item (bisector.search.screen)
         oracle = job.oracle(screen=True)
         verdict = oracle.evaluate(kept)
-        nbn = None
-        if second_opinion and verdict.passed and available(job.backend) and len(kept) < len(cat.candidates):
-            plan = job.plan(kept)
-            nbn = (job.judge(plan, run=job.backend.run_node_by_node, lean=True)
-                   if job.backend.node_by_node_differs(plan) else verdict)  # else the same bits, the same verdict
-            if not nbn.passed:
-                log.warning("the set passes through the emulator's fused blocks (%.3g x the tolerance) but not with "
-                            "every node run alone (%.3g x): its verdict turns on FP32 rounding order, so it sits at "
-                            "the edge of the tolerance; judge it where it will run (--backend), or search with "
-                            "`--second-opinion search` for a set that passes both ways", verdict.excess, nbn.excess)
+        nbn = node_by_node_verdict(job, job.plan(kept), verdict) if second_opinion and verdict.passed else None
+        if nbn is not None and not nbn.passed:
+            log.warning("the set passes through the emulator's fused blocks (%.3g x the tolerance) but not with "
+                        "every node run alone (%.3g x): its verdict turns on FP32 rounding order, so it sits at "
+                        "the edge of the tolerance; judge it where it will run (--backend), or search with "
+                        "`--second-opinion search` for a set that passes both ways", verdict.excess, nbn.excess)
         extra = removable(oracle, kept) if check_minimal and verdict.passed else []
     passed = verdict.passed and not missing and not extra
-    return VerifyResult(passed, sorted(kept), verdict, missing, extra, oracle.total + (nbn not in (None, verdict)),
-                        changed, nbn)
+    nbn_runs = nbn is not None and nbn is not verdict  # its own evaluation, not the fused verdict's bits
+    return VerifyResult(passed, sorted(kept), verdict, missing, extra, oracle.total + nbn_runs, changed, nbn)
 
 
 def _recorded_inputs(recorded: Constraints, options: dict) -> Inputs | None:
