@@ -76,6 +76,9 @@ class Catalog:
     # Values of the initializers `model` keeps only as stubs (bisector.model.weights): the one copy of them
     weight_arrays: dict[str, np.ndarray] = field(default_factory=dict)
     external_files: tuple[Path, ...] = ()  # the external data files the model file names
+    # MatMuls of two computed tensors (an attention's Q x Kᵀ): their outputs' dims as inference gave them at the
+    # model's declared input shapes, None where one is unknown (the executor's row tiles: `emulate.tiling`)
+    products: dict[str, tuple[int, ...] | None] = field(default_factory=dict)
 
     # ---- loading -------------------------------------------------------------------------------------------
     @classmethod
@@ -172,6 +175,7 @@ class Catalog:
             tensor_types=tensor_types,
             weights=weights,
             outer_inputs=outer,
+            products=_products(graph, weights, inferred),
         )
 
     # ---- weight values (the protobuf holds stubs for the large ones: bisector.model.weights) ----------------
@@ -455,6 +459,21 @@ def _infer_types(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
         log.warning("ONNX shape inference failed (%s); tensor types come from the model's value_info", exc)
         return {}
     return {vi.name: vi for vi in list(inferred.graph.value_info) + list(inferred.graph.output)}
+
+
+def _products(graph: onnx.GraphProto, weights: frozenset[str],
+              inferred: dict[str, onnx.ValueInfoProto]) -> dict[str, tuple[int, ...] | None]:
+    """`Catalog.products`."""
+    out: dict[str, tuple[int, ...] | None] = {}
+    for n in graph.node:
+        if n.op_type == "MatMul" and n.domain in ("", "ai.onnx") and len(n.input) > 1 and n.output \
+                and not weights.intersection(n.input[:2]):
+            vi = inferred.get(n.output[0])
+            t = vi.type.tensor_type if vi is not None and vi.type.HasField("tensor_type") else None
+            dims = [d.dim_value if d.HasField("dim_value") else 0 for d in t.shape.dim] \
+                if t is not None and t.HasField("shape") else [0]
+            out[n.output[0]] = tuple(dims) if all(d > 0 for d in dims) else None
+    return out
 
 
 def _drop_stale_value_info(model: onnx.ModelProto, inferred: dict[str, onnx.ValueInfoProto]) -> None:

@@ -27,7 +27,7 @@ import onnxruntime as ort
 from onnx import helper
 
 from bisector import ort_pool
-from bisector.backends.emulate import shared_parts
+from bisector.backends.emulate import shared_parts, tiling
 from bisector.backends.emulate.reference import ReferenceStore, spill_threshold
 from bisector.backends.emulate.shared_parts import type_key
 from bisector.cores import usable_cores
@@ -65,7 +65,9 @@ class NodeExecutor:
         self.arithmetic = arithmetic  # bisector.fp16.arithmetic: "storage" (DESIGN §4) or "gpu"
         self.storage = storage  # what reduced-precision nodes store: "fp16", or "bf16" (`run --trt --bf16`)
         self._half = rules.half_type(storage)
-        self.blocks = _partition(catalog, block_size or auto_block_size(len(catalog.names)))
+        self._block_size = block_size or auto_block_size(len(catalog.names))
+        self.blocks = _partition(catalog, self._block_size)
+        self._tiling_decided = False  # row tiles are chosen at the first reference run's shapes (`_tile`)
         # Sessions by variant, least recently used first; bounded, so that a search with many distinct plans (a
         # diffuse one at 20k nodes made thousands of block variants and grew past 20 GB) keeps a bounded set.
         # Fused block variants (what a search runs) and node-level ones (`run_all`, `profile`: one per node) are
@@ -261,6 +263,8 @@ class NodeExecutor:
         fused all-FP32 block sessions — all that fused plan evaluation reads, at about one inference's cost.
         Computed tensors from 128 KiB up (BISECTOR_ARRAY_SWAP_THRESHOLD_MB when set) are kept on disk and read
         back per use (`reference.ReferenceStore`): a search holds the reference in the page cache, not in RAM."""
+        if not self._tiling_decided:
+            self._tile(feeds)
         env = ReferenceStore(spill_threshold())
         for k, v in self.weights.items():
             env.hold(k, v)
@@ -309,6 +313,13 @@ class NodeExecutor:
                 continue
             # Node by node. With a boundary-only reference (fused mode) block-internal values are not stored, so
             # every node of a touched block runs, producing them; otherwise only the cone is recomputed.
+            tiles = block.tiles([values[t] for t in block.inputs]) if fused else 1
+            if tiles > 1:  # a tiled block node by node: each slice of rows so (its internal tensors are not kept)
+                changed.update(zip(block.outputs, self._run_tiled(
+                    block, [values[t] for t in block.inputs], tiles,
+                    lambda vals: self._run_nodes(block, vals, points))))
+                self._forget_dead(changed, block)
+                continue
             for i, node in enumerate(block.nodes):
                 inputs = self.catalog.node_inputs(node.name)
                 if not fused and node.name not in points.fp16 and not any(t in changed for t in inputs):
@@ -321,6 +332,17 @@ class NodeExecutor:
             if fused:
                 self._forget_dead(changed, block)
         return changed
+
+    def _run_nodes(self, block: "_Block", values: list[np.ndarray], points: RoundingPoints) -> list[np.ndarray]:
+        """Every node of `block` alone on `values` (its inputs), as `points` says; its outputs."""
+        env: dict[str, np.ndarray] = dict(zip(block.inputs, values))  # (weights among them)
+        for i, node in enumerate(block.nodes):
+            outs = self.run_node(node, [env[t] for t in self.catalog.node_inputs(node.name)],
+                                 *self.spec(node, points, env))
+            env.update(zip(nonempty(node.output), outs))
+            for t in block.release[i]:
+                env.pop(t, None)
+        return [env[t] for t in block.outputs]
 
     def unfused_blocks(self, points: RoundingPoints) -> int:
         """How many blocks `run_changed(per_node=True)` runs node by node under `points`: touched blocks where one
@@ -667,7 +689,72 @@ class NodeExecutor:
         shapes = {t: tuple(np.shape(v)) for t, v in feed.items() if isinstance(v, np.ndarray)}
         return key + (tuple(shapes.items()),), shapes
 
+    def _tile(self, feeds: Mapping[str, np.ndarray]) -> None:
+        """Cut the blocks again where a row-local part computes a huge tensor (`tiling`), at these inputs'
+        shapes: once, before any block has run (so that no block's results come from both cuts)."""
+        self._tiling_decided = True
+        products = self.catalog.products
+        # No MatMul of two computed tensors, or every one's size known and small: nothing to infer (ONNX's shape
+        # inference at these inputs costs ~0.1 ms a node)
+        if tiling.TILE_FROM_BYTES <= 0 or all(
+                dims is not None and 4 * math.prod(dims) < tiling.TILE_FROM_BYTES for dims in products.values()):
+            return
+        weights = self.catalog.weights
+        nodes = [n for n in self.catalog.model.graph.node if not self.catalog.computes_weight(n)]
+        shapes = tiling.concrete_shapes(self.catalog.model, feeds)
+        regions = tiling.find_regions(nodes, weights, shapes, self.catalog.tensor_types,
+                                      set(self.catalog.output_names), model_opset(self.catalog.model) or 17,
+                                      unfusable=lambda n: _unfusable(self.catalog, n))
+        if not regions:
+            return
+        blocks = _partition(self.catalog, self._block_size, regions)
+        types = self.catalog.tensor_types
+        others = max((tiling.footprint(b.nodes, weights, shapes, types) for b in blocks if b.tile is None), default=0)
+        kept = [b.tile for b in blocks
+                if b.tile is not None and tiling.footprint(b.nodes, weights, shapes, types) >= tiling.OVER_OTHERS * others]
+        if not kept:
+            return
+        self.blocks = blocks if len(kept) == len(regions) else _partition(self.catalog, self._block_size, kept)
+        self._size_caches()
+
     def _run_block(self, block: "_Block", values: list[np.ndarray], specs: tuple) -> list[np.ndarray]:
+        """A block as one session on `values` (its inputs), a slice of rows at a time where it is tiled."""
+        tiles = block.tiles(values)
+        if tiles > 1:
+            return self._run_tiled(block, values, tiles, lambda vals: self._run_whole(block, vals, specs))
+        return self._run_whole(block, values, specs)
+
+    def _run_tiled(self, block: "_Block", values: list[np.ndarray], tiles: int,
+                   run: Callable[[list[np.ndarray]], list[np.ndarray]]) -> list[np.ndarray]:
+        """`run` on each slice of the block's entry rows, its outputs written into whole ones (`tiling`)."""
+        region = block.tile
+        assert region is not None
+        at = block.inputs.index(region.entry)
+        entry = values[at]
+        rows = entry.shape[region.axis]
+        outs: list[np.ndarray] | None = None
+        for lo, hi in _tile_bounds(rows, tiles):
+            part = list(values)
+            index = [slice(None)] * entry.ndim
+            index[region.axis] = slice(lo, hi)
+            part[at] = np.ascontiguousarray(entry[tuple(index)])
+            got = run(part)
+            if outs is None:
+                outs = []
+                for t, v in zip(block.outputs, got):
+                    shape = list(v.shape)
+                    shape[region.axes[t]] = rows
+                    outs.append(np.empty(shape, v.dtype))
+            for t, whole, v in zip(block.outputs, outs, got):
+                index = [slice(None)] * whole.ndim
+                index[region.axes[t]] = slice(lo, hi)
+                whole[tuple(index)] = v
+            del got, part
+        assert outs is not None
+        return outs
+
+    def _run_whole(self, block: "_Block", values: list[np.ndarray], specs: tuple,
+                   shrink_after: bool = False) -> list[np.ndarray]:
         if block.elementwise and _numpy_blocks() and all(
                 isinstance(v, np.ndarray) and v.dtype == np.float32 and v.nbytes <= NUMPY_BLOCK_BYTES for v in values):
             return self._run_block_numpy(block, values, specs)
@@ -675,9 +762,9 @@ class NodeExecutor:
         ident = ("block", block.index)
         key, shapes = self._shaped_key(ident, ("block", block.index, specs), feed)
         what = f"block {block.index} ({block.nodes[0].name}..{block.nodes[-1].name})"
-        shrink = (self._shrink_from < float("inf") and _grown_past(self._shrink_above)
-                  and sum(int(getattr(v, "nbytes", 0)) for v in feed.values()) >= self._shrink_from)
-        if shapes is None:  # a part shares or not once for all its variants: its own cache is not asked first
+        shrink = shrink_after or (self._shrink_from < float("inf") and _grown_past(self._shrink_above)
+                                  and sum(int(getattr(v, "nbytes", 0)) for v in feed.values()) >= self._shrink_from)
+        if shapes is None and block.tile is None:  # a part shares or not once for all its variants: its own cache is not asked first
             out = self._run_shared(ident, key, lambda: self.compose(block.nodes, specs), feed, list(block.outputs),
                                    what, lambda: _all_exact(specs), shrink)
             if out is not None:
@@ -912,8 +999,10 @@ class _Block:
     """Consecutive non-Constant nodes; inputs read from outside, outputs read outside (or graph outputs)."""
 
     def __init__(self, index: int, nodes: list[onnx.NodeProto], inputs: list[str], outputs: list[str],
-                 fusable: bool):
+                 fusable: bool, tile: "tiling.Region | None" = None):
         self.index, self.nodes, self.inputs, self.outputs = index, nodes, inputs, outputs
+        self.tile = tile  # a row-local region run a slice of rows at a time (`tiling`), or None
+        self._entry = inputs.index(tile.entry) if tile is not None else -1
         self.node_names = tuple(n.name for n in nodes)
         self.fusable = fusable
         self.elementwise = fusable and all(  # `_run_block_numpy` can compute it
@@ -929,15 +1018,29 @@ class _Block:
         # end). Set by `_partition`, which knows the reads of subgraph nodes (outer-scope values).
         self.release: list[list[str]] = [[] for _ in nodes]
 
+    def tiles(self, values: list) -> int:
+        """How many slices of rows a run on `values` (the block's inputs) takes; 1: the whole at once."""
+        if self.tile is None:
+            return 1
+        v = values[self._entry]
+        return self.tile.tiles(v.shape[self.tile.axis]) if isinstance(v, np.ndarray) and v.ndim > self.tile.axis \
+            else 1
+
     def fp32_pair(self, fp16: frozenset[str]) -> bool:
         """Whether one FP32 node of the block feeds another (under the plan's FP16 set `fp16`)."""
         return any(a not in fp16 and b not in fp16 for a, b in self.edges)
 
 
-def _partition(catalog: Catalog, size: int) -> list[_Block]:
+def _partition(catalog: Catalog, size: int, regions: "list[tiling.Region] | None" = None) -> list[_Block]:
+    """The model's nodes cut into blocks of `size` (`_chunks`); each of `regions` a block of its own."""
     # Constants and constant fills are weights (the executor holds their values), not nodes to run
     nodes = [n for n in catalog.model.graph.node if not catalog.computes_weight(n)]
-    chunks = _chunks(nodes, max(size, 1), _build_only_bytes(catalog, nodes), _open_values(catalog, nodes))
+    regions = regions or []
+    if regions:
+        nodes = tiling.arrange(nodes, regions)
+    region_of = {name: r for r in regions for name in r.nodes}
+    chunks = _chunks(nodes, max(size, 1), _build_only_bytes(catalog, nodes), _open_values(catalog, nodes),
+                     {name: id(r) for name, r in region_of.items()})
     chunk_of = {n.name: ci for ci, chunk in enumerate(chunks) for n in chunk}
     readers = {t: {chunk_of[r.name] for r, _ in uses if r.name in chunk_of} for t, uses in catalog.consumers.items()}
     graph_outputs = set(catalog.output_names)
@@ -947,7 +1050,12 @@ def _partition(catalog: Catalog, size: int) -> list[_Block]:
         inputs = list(dict.fromkeys(t for n in chunk for t in catalog.node_inputs(n.name) if t not in produced))
         outputs = [o for n in chunk for o in n.output
                    if o and (o in graph_outputs or readers.get(o, set()) - {ci})]
-        blocks.append(_Block(ci, chunk, inputs, outputs, len(chunk) > 1 and not any(_unfusable(catalog, n) for n in chunk)))
+        region = region_of.get(chunk[0].name)
+        if region is not None and (len(chunk) != len(region.nodes) or region.entry not in inputs
+                                   or any(o not in region.axes for o in outputs)):
+            region = None  # (a cut a sequence forbade put other nodes with it: run whole)
+        blocks.append(_Block(ci, chunk, inputs, outputs,
+                             len(chunk) > 1 and not any(_unfusable(catalog, n) for n in chunk), region))
         last = {t: i for i, n in enumerate(chunk) for t in n.output if t}
         for i, n in enumerate(chunk):
             for t in catalog.node_inputs(n.name):
@@ -1026,15 +1134,20 @@ def _open_values(catalog: Catalog, nodes: list[onnx.NodeProto]) -> list[bool]:
 
 
 def _chunks(nodes: list[onnx.NodeProto], size: int, const_bytes: Mapping[str, int],
-            open_before: list[bool] | None = None) -> list[list[onnx.NodeProto]]:
+            open_before: list[bool] | None = None, region_of: Mapping[str, int] | None = None,
+            ) -> list[list[onnx.NodeProto]]:
     """Consecutive nodes, `size` at most per chunk, and at most BLOCK_CONST_BYTES of weights that a session copies
-    while it is built (a single node may hold more); never cut where `open_before` says a sequence crosses."""
+    while it is built (a single node may hold more); never cut where `open_before` says a sequence crosses.
+    `region_of`: nodes that make one chunk together, whatever its size (a tiled region: contiguous)."""
     chunks: list[list[onnx.NodeProto]] = []
     cur: list[onnx.NodeProto] = []
     held = 0
+    region_of = region_of or {}
     for i, n in enumerate(nodes):
         b = const_bytes.get(n.name, 0)
-        if cur and (len(cur) >= size or held + b > BLOCK_CONST_BYTES) and not (open_before and open_before[i]):
+        here, before = region_of.get(n.name), region_of.get(cur[-1].name) if cur else None
+        full = len(cur) >= size or held + b > BLOCK_CONST_BYTES
+        if cur and (here != before or (full and here is None)) and not (open_before and open_before[i]):
             chunks.append(cur)
             cur, held = [], 0
         cur.append(n)
@@ -1081,3 +1194,9 @@ class Overlay(Mapping):
 
     def __len__(self):
         return len(self._reference)
+
+
+def _tile_bounds(rows: int, tiles: int) -> list[tuple[int, int]]:
+    """`rows` cut into `tiles` consecutive slices as even as whole rows allow."""
+    edges = [rows * i // tiles for i in range(tiles + 1)]
+    return [(lo, hi) for lo, hi in zip(edges, edges[1:]) if hi > lo]
