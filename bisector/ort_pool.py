@@ -5,8 +5,9 @@ a pool of its own, a pool's threads sleep between that session's runs, so every 
 first wakes them (spinning pools instead starve each other: 10x slower), and a session built single-threaded to
 spare threads ran at half speed until rebuilt. One pool for all of them stays warm from one block's run to the
 next: an all-FP16 evaluation of a 12 x 384 transformer 60.5 -> 44.9 ms, of a YOLOX-style detector 52.0 -> 39.7 ms
-(docs/benchmarks.md, "Scale, eighteenth round"). Same results: ORT's kernels give them at any thread count
-(tests/test_scale_mechanisms.py).
+(docs/benchmarks.md, "Scale, eighteenth round"). Most of ORT's kernels give the same results at any thread
+count; a MatMul whose output is small against its inner sum does not (MLAS splits that sum across threads), so
+a machine with another pool size can compute other last bits (README, known issues).
 
 ONNX Runtime's Python binding makes this a decision for the whole process: once the shared pool is asked for,
 it refuses any session with a pool of its own, including sessions the host program builds itself. So the

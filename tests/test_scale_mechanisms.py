@@ -494,6 +494,36 @@ def test_sessions_get_an_intra_op_pool_only_when_their_first_run_is_long(monkeyp
             np.testing.assert_array_equal(a[k], b[k])
 
 
+@pytest.mark.skipif(__import__("bisector.cores", fromlist=["usable_cores"]).usable_cores() < 2,
+                    reason="one usable core: no session ever gets a pool")
+def test_a_session_keeps_one_thread_where_its_pool_would_change_its_bits(monkeypatch):
+    """MLAS splits a MatMul's inner sum across threads where the output is small against it (16 x 2048 x 64):
+    on two threads its last bits differ from one thread's. A block whose first run was long is rebuilt with a
+    pool only where the pooled session gives the first run's bits again, so every run of it agrees."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from bisector.backends.emulate import executor as ex
+
+    monkeypatch.setattr(ex, "POOL_FROM_SECONDS", 0.0)  # every session's first run is "long"
+    rng = np.random.default_rng(0)
+    w = onnx.numpy_helper.from_array(rng.standard_normal((2048, 64)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm"), helper.make_node("Tanh", ["y"], ["z"], name="t")],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, 2048])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [16, 64])], [w])
+    cat = Catalog.from_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    x = {"x": rng.standard_normal((16, 2048)).astype(np.float32)}
+    be = EmulateBackend(threads=2)
+    be.open(cat)
+    if be.executor.shared_pool:
+        pytest.skip("sessions on the shared pool: none starts on one thread")
+    runs = [be.executor.run_reference(x, boundary_only=True)["z"] for _ in range(3)]
+    be.close()
+    for r in runs[1:]:
+        np.testing.assert_array_equal(r.view(np.uint32), runs[0].view(np.uint32))
+
+
 def test_sessions_on_large_inputs_and_weights_start_with_their_pool(monkeypatch):
     """A block whose inputs and weights are both large runs long on its first run anyway: its session is built
     once, with a pool, instead of once on the caller's thread and again with a pool (a short search of a

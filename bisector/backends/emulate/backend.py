@@ -78,7 +78,8 @@ class EmulateBackend:
         """Runs inside this block take 1/`scale` of the batch (bisector.search.screen's items, the predicted
         ranking's sample): a block session built by one of them gets its intra-op pool as if the whole batch had
         run (a session first run on one item of eight was left single-threaded, and the batch's later runs of it
-        took up to twice as long on 2 cores). Same results: ORT's kernels give them at any thread count."""
+        took up to twice as long on 2 cores). The same results, but for a MatMul whose output is small against its
+        inner sum, which MLAS splits across threads (README, known issues)."""
         executor = self.executor
         before, executor.run_scale = executor.run_scale, max(1.0, float(scale))
         try:
