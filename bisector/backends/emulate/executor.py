@@ -623,7 +623,11 @@ class NodeExecutor:
         cache = self._cache(key)
         if (time.perf_counter() - t0) * self.run_scale >= POOL_FROM_SECONDS and cache.get(key) is sess:
             rebuilt = pooled()
-            if _same_bits(out, self._run(key, rebuilt, outputs, feed)):
+            try:
+                same = _same_bits(out, self._run(key, rebuilt, outputs, feed))
+            except Exception:  # noqa: BLE001 - the pooled session does not run where this one did: kept alone
+                same = False
+            if same:
                 cache[key] = rebuilt
         return out
 
@@ -733,7 +737,7 @@ class NodeExecutor:
         """`run` on each slice of the block's entry rows, its outputs written into whole ones (`tiling`)."""
         region = block.tile
         assert region is not None
-        at = block.inputs.index(region.entry)
+        at = block._entry
         entry = values[at]
         rows = entry.shape[region.axis]
         outs: list[np.ndarray] | None = None
@@ -757,8 +761,7 @@ class NodeExecutor:
         assert outs is not None
         return outs
 
-    def _run_whole(self, block: "_Block", values: list[np.ndarray], specs: tuple,
-                   shrink_after: bool = False) -> list[np.ndarray]:
+    def _run_whole(self, block: "_Block", values: list[np.ndarray], specs: tuple) -> list[np.ndarray]:
         if block.elementwise and _numpy_blocks() and all(
                 isinstance(v, np.ndarray) and v.dtype == np.float32 and v.nbytes <= NUMPY_BLOCK_BYTES for v in values):
             return self._run_block_numpy(block, values, specs)
@@ -766,9 +769,9 @@ class NodeExecutor:
         ident = ("block", block.index)
         key, shapes = self._shaped_key(ident, ("block", block.index, specs), feed)
         what = f"block {block.index} ({block.nodes[0].name}..{block.nodes[-1].name})"
-        shrink = shrink_after or (self._shrink_from < float("inf") and _grown_past(self._shrink_above)
-                                  and sum(int(getattr(v, "nbytes", 0)) for v in feed.values()) >= self._shrink_from)
-        if shapes is None and block.tile is None:  # a part shares or not once for all its variants: its own cache is not asked first
+        shrink = (self._shrink_from < float("inf") and _grown_past(self._shrink_above)
+                  and sum(int(getattr(v, "nbytes", 0)) for v in feed.values()) >= self._shrink_from)
+        if shapes is None:  # a part shares or not once for all its variants: its own cache is not asked first
             out = self._run_shared(ident, key, lambda: self.compose(block.nodes, specs), feed, list(block.outputs),
                                    what, lambda: _all_exact(specs), shrink)
             if out is not None:

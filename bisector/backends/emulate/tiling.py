@@ -14,8 +14,7 @@ module finds such parts (`find_regions`) and says how to cut them (`Region.tiles
 
 A region starts at a MatMul of two computed tensors (Q x Kᵀ: a weight MatMul's output grows with its input, not
 past it) whose output is at least TILE_FROM_BYTES at the shapes of the first inputs the executor sees, sliced
-along its first operand's rows, and where that tensor is larger than any outside such regions by half again
-(`find_regions` says why). It grows forward through the ops whose output rows depend only on the same rows of
+along its first operand's rows. It grows forward through the ops whose output rows depend only on the same rows of
 their sliced input (`_maps_axis`), and ends where an op reads a tensor that is not sliced the same way (a residual
 Add of the full input) or mixes rows (a Reshape, a normalisation). It is used only where every tensor of
 TILE_FROM_BYTES or more it computes stays inside it, and only where its tensors come to OVER_OTHERS times those of
