@@ -211,3 +211,28 @@ def test_shapes_are_inferred_only_where_a_matmul_of_two_computed_tensors_may_be_
     be.run(frozenset(), {"x": np.zeros((1, 16, 32), np.float32)})
     be.close()
     assert asked == [1]
+
+
+def test_inputs_of_other_shapes_run_whole(small_tiles, monkeypatch):
+    """Row-locality was shown at the shapes of the first inputs (a broadcast along the rows holds for those):
+    inputs of another shape later (a part of the batch, another input set) run the region whole, with the same
+    results as an executor that never tiles."""
+    model = _attention(residual=True)
+    model.graph.input[0].type.tensor_type.shape.dim[1].dim_param = "tokens"
+    cat = Catalog.from_model(model)
+    rng = np.random.default_rng(4)
+    first = {"x": rng.uniform(-1, 1, (1, 256, 16)).astype(np.float32)}
+    other = {"x": rng.uniform(-1, 1, (1, 320, 16)).astype(np.float32)}
+    plans = _plans(cat, 2)
+    results = {}
+    for tile_from in (0, 128 << 10):
+        monkeypatch.setattr(tiling, "TILE_FROM_BYTES", tile_from)
+        be = EmulateBackend()
+        be.open(cat)
+        be.run(frozenset(), first)
+        small_tiles.clear()
+        results[tile_from] = [be.run(p, other) for p in plans]
+        assert not small_tiles  # never tiled at 320 tokens
+        assert any(b.tile for b in be.executor.blocks) is bool(tile_from)
+        be.close()
+    _same_bits(results[0], results[128 << 10])

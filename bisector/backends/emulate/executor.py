@@ -1026,12 +1026,12 @@ class _Block:
         self.release: list[list[str]] = [[] for _ in nodes]
 
     def tiles(self, values: list) -> int:
-        """How many slices of rows a run on `values` (the block's inputs) takes; 1: the whole at once."""
+        """How many slices of rows a run on `values` (the block's inputs) takes; 1: the whole at once (also on
+        inputs of other shapes than those the region was found at)."""
         if self.tile is None:
             return 1
-        v = values[self._entry]
-        return self.tile.tiles(v.shape[self.tile.axis]) if isinstance(v, np.ndarray) and v.ndim > self.tile.axis \
-            else 1
+        return self.tile.tiles({t: tuple(v.shape) for t, v in zip(self.inputs, values)
+                                if t in self.tile.inputs and isinstance(v, np.ndarray)})
 
     def fp32_pair(self, fp16: frozenset[str]) -> bool:
         """Whether one FP32 node of the block feeds another (under the plan's FP16 set `fp16`)."""

@@ -73,9 +73,15 @@ class Region:
     axes: Mapping[str, int] = field(hash=False)  # every tensor the region computes: its sliced axis
     rows_per_tile: int = MIN_TILE_ROWS
     largest: int = 0  # bytes of its largest tensor at the shapes it was found with
+    # The shapes of the tensors it reads (weights aside) that its row-locality was shown for: a broadcast along
+    # the rows holds for these. Runs on other shapes (a part of the batch) run whole.
+    inputs: Mapping[str, tuple[int, ...]] = field(default_factory=dict, hash=False)
 
-    def tiles(self, rows: int) -> int:
-        """How many tiles `rows` rows of the entry take (1: run whole)."""
+    def tiles(self, shapes: Mapping[str, tuple[int, ...]]) -> int:
+        """How many tiles a run on inputs of these `shapes` takes (1: run whole)."""
+        if any(shapes.get(t) != s for t, s in self.inputs.items()):
+            return 1
+        rows = self.inputs[self.entry][self.axis]
         return max(1, -(-rows // self.rows_per_tile)) if rows >= 2 * self.rows_per_tile else 1
 
 
@@ -242,8 +248,12 @@ def find_regions(nodes: list[onnx.NodeProto], weights: frozenset[str] | set[str]
             continue
         rows = shapes[a][sliced[a]]
         per_row = max(1, largest // max(rows, 1))
+        reads = {t for n in members for t in n.input if t and t not in computed and t not in weights}
+        if not all(t in shapes for t in reads):
+            continue
         region = Region(tuple(n.name for n in members), a, sliced[a],
-                        {t: sliced[t] for t in computed}, max(MIN_TILE_ROWS, TILE_BYTES // per_row), largest)
+                        {t: sliced[t] for t in computed}, max(MIN_TILE_ROWS, TILE_BYTES // per_row), largest,
+                        {t: shapes[t] for t in sorted(reads)})
         regions.append(region)
         taken |= names
     return regions
