@@ -99,7 +99,7 @@ def test_the_vae_decoders_attention_is_tiled_and_its_residual_is_not(small_tiles
 
 
 def _attention(order_v_late: bool = False, softmax_axis: int = -1, residual: bool = False,
-               scores_out: bool = False, tokens: int = 256, dim: int = 16) -> onnx.ModelProto:
+               scores_out: bool = False, tokens: int = 256, dim: int = 16, mask: str = "") -> onnx.ModelProto:
     """x (1, T, D) -> Q, K, V projections -> softmax(Q Kᵀ) V (-> + x); optionally with V computed after the
     scores (an exporter's order), a Softmax over the rows, or the scores as a graph output."""
     rng = np.random.default_rng(0)
@@ -112,7 +112,8 @@ def _attention(order_v_late: bool = False, softmax_axis: int = -1, residual: boo
              helper.make_node("Transpose", ["k"], ["kt"], name="kt", perm=[0, 2, 1]),
              helper.make_node("MatMul", ["q", "kt"], ["s"], name="scores"),
              *(v if order_v_late else []),
-             helper.make_node("Softmax", ["s"], ["p"], name="softmax", axis=softmax_axis),
+             *([helper.make_node("Add", ["s", "mask"], ["sm"], name="masked")] if mask else []),
+             helper.make_node("Softmax", ["sm" if mask else "s"], ["p"], name="softmax", axis=softmax_axis),
              helper.make_node("MatMul", ["p", "v"], ["o"], name="apply")]
     out = "o"
     if residual:
@@ -121,9 +122,13 @@ def _attention(order_v_late: bool = False, softmax_axis: int = -1, residual: boo
     outputs = [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)]
     if scores_out:
         outputs.append(helper.make_tensor_value_info("s", TensorProto.FLOAT, None))
-    graph = helper.make_graph(nodes, "attention", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
-                                                                                  [1, tokens, dim])],
-                              outputs, inits)
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, tokens, dim])]
+    if mask == "input":  # fed: sliced with the rows
+        inputs.append(helper.make_tensor_value_info("mask", TensorProto.FLOAT, [1, tokens, tokens]))
+    elif mask == "weight":  # a constant: the executor feeds weights itself, so the region stops before it
+        inits.append(onnx.numpy_helper.from_array(
+            np.triu(np.full((1, tokens, tokens), -1e4, np.float32), 1), "mask"))
+    graph = helper.make_graph(nodes, "attention", inputs, outputs, inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -137,8 +142,11 @@ def _regions(model: onnx.ModelProto, tile_from: int = 128 << 10) -> list[tiling.
 
 
 def test_where_a_region_ends():
+    (r,) = _regions(_attention())
+    assert r.nodes == ("scores", "softmax", "apply") and r.entry == "q" and r.axis == 1 and not r.co
+    # the residual Add reads x, as long as the rows: x is sliced with them, and the Add is in the region
     (r,) = _regions(_attention(residual=True))
-    assert r.nodes == ("scores", "softmax", "apply") and r.entry == "q" and r.axis == 1
+    assert r.nodes == ("scores", "softmax", "apply", "residual") and r.co == {"x": 1}
     assert _regions(_attention(softmax_axis=1)) == []  # a Softmax across the rows mixes them: not row-local
     assert _regions(_attention(scores_out=True)) == []  # the huge tensor leaves the region: nothing saved
     assert _regions(_attention(), tile_from=2 << 20) == []  # 256 KB scores: under the threshold
@@ -164,7 +172,7 @@ def test_nodes_between_a_regions_members_run_before_it(small_tiles, monkeypatch)
     """An exporter computes V after the scores: the region's block must run V's MatMul first."""
     model = _attention(order_v_late=True, residual=True)
     (r,) = _regions(model)
-    assert r.nodes == ("scores", "softmax", "apply")
+    assert r.nodes == ("scores", "softmax", "apply", "residual")
     cat = Catalog.from_model(model)
     nodes = [n for n in cat.model.graph.node if not cat.computes_weight(n)]
     order = [n.name for n in tiling.arrange(nodes, [r])]
@@ -236,3 +244,21 @@ def test_inputs_of_other_shapes_run_whole(small_tiles, monkeypatch):
         assert any(b.tile for b in be.executor.blocks) is bool(tile_from)
         be.close()
     _same_bits(results[0], results[128 << 10])
+
+
+def test_a_mask_as_long_as_the_rows_is_sliced_with_them(small_tiles, monkeypatch):
+    """A causal mask added to the scores is read row by row with them: a fed one is sliced along, and the tiled
+    runs compute the whole ones' bits; a constant one (a weight, which sessions hold whole) ends the region."""
+    model = _attention(mask="input")
+    (r,) = _regions(model)
+    assert r.nodes == ("scores", "masked", "softmax", "apply") and r.co == {"mask": 1}
+    assert _regions(_attention(mask="weight")) == []  # the scores leave the region for the masked Add
+    cat = Catalog.from_model(model)
+    rng = np.random.default_rng(6)
+    x = {"x": rng.uniform(-1, 1, (1, 256, 16)).astype(np.float32),
+         "mask": np.triu(np.full((1, 256, 256), -1e4, np.float32), 1)}
+    plans = _plans(cat, 3)
+    whole, _ = _runs(cat, x, plans, 0, monkeypatch)
+    tiled, blocks = _runs(cat, x, plans, 128 << 10, monkeypatch)
+    assert any(b.tile for b in blocks) and small_tiles
+    _same_bits(whole, tiled)

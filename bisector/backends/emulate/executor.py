@@ -741,11 +741,13 @@ class NodeExecutor:
         entry = values[at]
         rows = entry.shape[region.axis]
         outs: list[np.ndarray] | None = None
+        cut = [(at, region.axis)] + [(block.inputs.index(t), axis) for t, axis in region.co.items()]
         for lo, hi in _tile_bounds(rows, tiles):
             part = list(values)
-            index = [slice(None)] * entry.ndim
-            index[region.axis] = slice(lo, hi)
-            part[at] = np.ascontiguousarray(entry[tuple(index)])
+            for i, axis in cut:  # the entry, and what is sliced with it (a mask)
+                index = [slice(None)] * values[i].ndim
+                index[axis] = slice(lo, hi)
+                part[i] = np.ascontiguousarray(values[i][tuple(index)])
             got = run(part)
             if outs is None:
                 outs = []

@@ -76,6 +76,7 @@ class Region:
     # The shapes of the tensors it reads (weights aside) that its row-locality was shown for: a broadcast along
     # the rows holds for these. Runs on other shapes (a part of the batch) run whole.
     inputs: Mapping[str, tuple[int, ...]] = field(default_factory=dict, hash=False)
+    co: Mapping[str, int] = field(default_factory=dict, hash=False)  # other inputs sliced with the entry: axis
 
     def tiles(self, shapes: Mapping[str, tuple[int, ...]]) -> int:
         """How many tiles a run on inputs of these `shapes` takes (1: run whole)."""
@@ -124,9 +125,13 @@ def _attr(node: onnx.NodeProto, name: str, default):
 
 
 def _maps_axis(node: onnx.NodeProto, sliced: Mapping[str, int], shapes: Mapping[str, tuple[int, ...]],
-               opset: int) -> int | None:
+               opset: int, co: dict[str, int] | None = None, whole=frozenset()) -> int | None:
     """The axis of `node`'s (first) output along which it is sliced when its inputs in `sliced` are sliced
-    along theirs; None where its output rows depend on more than the same rows of those inputs."""
+    along theirs; None where its output rows depend on more than the same rows of those inputs.
+
+    `co` (given: filled in): an elementwise op's other input that is as long as the output along the axis (an
+    attention mask, a position bias) is sliced with it, on the axis it lines up with; none read whole (`whole`:
+    a MatMul's second operand) or already sliced on another axis."""
     out = node.output[0] if node.output else ""
     if node.domain not in ("", "ai.onnx") or len([o for o in node.output if o]) != 1 or out not in shapes:
         return None
@@ -147,11 +152,17 @@ def _maps_axis(node: onnx.NodeProto, sliced: Mapping[str, int], shapes: Mapping[
                 axis = a
         if axis is None:
             return None
-        for t in node.input:  # every input not sliced is broadcast along the axis
+        along: dict[str, int] = {}
+        for t in node.input:  # every input not sliced is broadcast along the axis, or sliced with it
             if t and t not in sliced:
                 a = axis - (rank - len(shapes[t]))
-                if a >= 0 and shapes[t][a] != 1:
+                if a < 0 or shapes[t][a] == 1:
+                    continue
+                if co is None or t in whole or shapes[t][a] != shapes[out][axis] or co.get(t, a) != a:
                     return None
+                along[t] = a
+        if co is not None:
+            co.update(along)
         return axis
     if op in _ROW_NORMALISED:
         (t,) = [i for i in node.input if i]
@@ -165,7 +176,8 @@ def _maps_axis(node: onnx.NodeProto, sliced: Mapping[str, int], shapes: Mapping[
         return a if a < along else None  # before opset 13 the op normalises over every axis from `axis` on
     if op == "MatMul":
         a_name, b_name = node.input[0], node.input[1]
-        if a_name not in sliced or b_name in sliced or a_name not in shapes or b_name not in shapes:
+        if a_name not in sliced or b_name in sliced or a_name not in shapes or b_name not in shapes \
+                or (co is not None and b_name in co):
             return None
         ra, rb = len(shapes[a_name]), len(shapes[b_name])
         a = sliced[a_name]
@@ -193,6 +205,16 @@ def _nbytes(shape: tuple[int, ...], elem: int) -> int:
     return math.prod(shape) * size
 
 
+class _Either:
+    """`in` either set (`own`, which grows, or `other`)."""
+
+    def __init__(self, own: set[str], other) -> None:
+        self.own, self.other = own, other
+
+    def __contains__(self, t: object) -> bool:
+        return t in self.own or t in self.other
+
+
 def find_regions(nodes: list[onnx.NodeProto], weights: frozenset[str] | set[str],
                  shapes: Mapping[str, tuple[int, ...]], types: Mapping[str, int], graph_outputs: set[str],
                  opset: int, unfusable=lambda n: False, tile_from: int | None = None) -> list[Region]:
@@ -215,23 +237,28 @@ def find_regions(nodes: list[onnx.NodeProto], weights: frozenset[str] | set[str]
         if a not in shapes or len(shapes[a]) < 2:
             continue
         sliced: dict[str, int] = {a: len(shapes[a]) - 2}
+        co: dict[str, int] = {}  # inputs from outside sliced with the rows (`_maps_axis`)
+        whole = _Either(set(), weights)  # read whole by a member (weights: the executor feeds them itself)
         members: list[onnx.NodeProto] = []
         tainted: set[str] = set()  # tensors computed from the region's outputs outside it
         for node in nodes[i:]:
             ins = [t for t in node.input if t]
-            reads = [t for t in ins if t in sliced and t != a or (t == a and node is seed)]
-            if not reads and not any(t in tainted for t in ins):
+            if not any(t in sliced and t != a or (t == a and node is seed) for t in ins) \
+                    and not any(t in tainted for t in ins):
                 continue
-            axis = None
+            axis, trial = None, dict(co)
             if (len(members) < MAX_REGION_NODES and node.name not in taken and not unfusable(node)
                     and not any(t in tainted for t in ins) and not (a in ins and node is not seed)):
-                axis = _maps_axis(node, sliced, shapes, opset)
+                axis = _maps_axis(node, sliced, shapes, opset, trial, whole)
             if node is seed and axis is None:
                 break
             if axis is None:
                 tainted.update(o for o in node.output if o)
                 continue
             members.append(node)
+            co = trial
+            if node.op_type == "MatMul":
+                whole.own.add(node.input[1])
             for o in node.output:
                 if o:
                     sliced[o] = axis
@@ -253,7 +280,7 @@ def find_regions(nodes: list[onnx.NodeProto], weights: frozenset[str] | set[str]
             continue
         region = Region(tuple(n.name for n in members), a, sliced[a],
                         {t: sliced[t] for t in computed}, max(MIN_TILE_ROWS, TILE_BYTES // per_row), largest,
-                        {t: shapes[t] for t in sorted(reads)})
+                        {t: shapes[t] for t in sorted(reads)}, co)
         regions.append(region)
         taken |= names
     return regions
