@@ -313,13 +313,14 @@ class NodeExecutor:
                 continue
             # Node by node. With a boundary-only reference (fused mode) block-internal values are not stored, so
             # every node of a touched block runs, producing them; otherwise only the cone is recomputed.
-            tiles = block.tiles([values[t] for t in block.inputs]) if fused else 1
+            ins = [values[t] for t in block.inputs] if fused and block.tile is not None else []
+            tiles = block.tiles(ins) if ins else 1
             if tiles > 1:  # a tiled block node by node: each slice of rows so (its internal tensors are not kept)
                 changed.update(zip(block.outputs, self._run_tiled(
-                    block, [values[t] for t in block.inputs], tiles,
-                    lambda vals: self._run_nodes(block, vals, points))))
+                    block, ins, tiles, lambda vals: self._run_nodes(block, vals, points))))
                 self._forget_dead(changed, block)
                 continue
+            del ins
             for i, node in enumerate(block.nodes):
                 inputs = self.catalog.node_inputs(node.name)
                 if not fused and node.name not in points.fp16 and not any(t in changed for t in inputs):
