@@ -27,6 +27,7 @@ from bisector.model.graph import (
     consumers,
     weightless_copy,
     has_subgraph,
+    is_product,
     inner_nodes,
     node_reads,
     outer_scope_inputs,
@@ -466,8 +467,7 @@ def _products(graph: onnx.GraphProto, weights: frozenset[str],
     """`Catalog.products`."""
     out: dict[str, tuple[int, ...] | None] = {}
     for n in graph.node:
-        if n.op_type == "MatMul" and n.domain in ("", "ai.onnx") and len(n.input) > 1 and n.output \
-                and not weights.intersection(n.input[:2]):
+        if is_product(n, weights):
             vi = inferred.get(n.output[0])
             t = vi.type.tensor_type if vi is not None and vi.type.HasField("tensor_type") else None
             dims = [d.dim_value if d.HasField("dim_value") else 0 for d in t.shape.dim] \

@@ -31,6 +31,13 @@ def subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
     return out
 
 
+def is_product(node: onnx.NodeProto, weights) -> bool:
+    """A MatMul of two computed tensors (an attention's Q x Kᵀ), not of a tensor by a weight: its output can be
+    far larger than its inputs (the executor's row tiles, `emulate.tiling`, start there)."""
+    return (node.op_type == "MatMul" and node.domain in ("", "ai.onnx") and len(node.input) > 1
+            and bool(node.output) and node.input[0] not in weights and node.input[1] not in weights)
+
+
 def has_subgraph(node: onnx.NodeProto) -> bool:
     return any(a.type in _GRAPH_ATTRS for a in node.attribute)
 

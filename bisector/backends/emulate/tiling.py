@@ -42,7 +42,7 @@ import numpy as np
 import onnx
 from onnx import shape_inference
 
-from bisector.model.graph import weightless_copy
+from bisector.model.graph import is_product, weightless_copy
 
 log = logging.getLogger("bisector")
 
@@ -72,7 +72,6 @@ class Region:
     axis: int
     axes: Mapping[str, int] = field(hash=False)  # every tensor the region computes: its sliced axis
     rows_per_tile: int = MIN_TILE_ROWS
-    largest: int = 0  # bytes of its largest tensor at the shapes it was found with
     # The shapes of the tensors it reads (weights aside) that its row-locality was shown for: a broadcast along
     # the rows holds for these. Runs on other shapes (a part of the batch) run whole.
     inputs: Mapping[str, tuple[int, ...]] = field(default_factory=dict, hash=False)
@@ -229,9 +228,8 @@ def find_regions(nodes: list[onnx.NodeProto], weights: frozenset[str] | set[str]
     regions: list[Region] = []
     taken: set[str] = set()
     for i, seed in enumerate(nodes):
-        if (seed.op_type != "MatMul" or seed.domain not in ("", "ai.onnx") or seed.name in taken
-                or len(seed.input) < 2 or seed.input[0] in weights or seed.input[1] in weights
-                or size(seed.output[0]) < tile_from or unfusable(seed)):
+        if (not is_product(seed, weights) or seed.name in taken or size(seed.output[0]) < tile_from
+                or unfusable(seed)):
             continue
         a = seed.input[0]
         if a not in shapes or len(shapes[a]) < 2:
@@ -268,8 +266,7 @@ def find_regions(nodes: list[onnx.NodeProto], weights: frozenset[str] | set[str]
         computed = {o for n in members for o in n.output if o}
         read_outside = {t for n in nodes if n.name not in names for t in n.input if t in computed} | (
             computed & graph_outputs)
-        # trailing members whose outputs all leave the region add nothing but their rows: kept (their inputs
-        # were sliced anyway); a region whose huge tensor leaves it saves nothing
+        # a region whose huge tensor is read outside it (or whose outputs are about as large) saves nothing
         largest = max(size(t) for t in computed)
         if any(size(t) >= tile_from for t in read_outside) or sum(size(t) for t in read_outside) * 4 > largest:
             continue
@@ -279,7 +276,7 @@ def find_regions(nodes: list[onnx.NodeProto], weights: frozenset[str] | set[str]
         if not all(t in shapes for t in reads):
             continue
         region = Region(tuple(n.name for n in members), a, sliced[a],
-                        {t: sliced[t] for t in computed}, max(MIN_TILE_ROWS, TILE_BYTES // per_row), largest,
+                        {t: sliced[t] for t in computed}, max(MIN_TILE_ROWS, TILE_BYTES // per_row),
                         {t: shapes[t] for t in sorted(reads)}, co)
         regions.append(region)
         taken |= names
