@@ -99,8 +99,9 @@ def default_command(path: Path, args: list[str], out: Path) -> tuple[float, floa
     c = json.loads((out / "constraints.json").read_text())
     runs = int(c["evaluations"].get("emulator_runs", 0))  # the predicted ranking's runs: not evaluations
     t = c["timings"]
-    # the second opinion's check (thirtieth round) is post-search work too
-    post = (t.get("artifacts", 0.0) + t.get("plot", 0.0) + t.get("second_opinion", 0.0)) / max(t["search"], 1e-9)
+    # the second opinion's check (thirtieth round) and the held-out inputs' (thirty-third) are post-search work too
+    post = (t.get("artifacts", 0.0) + t.get("plot", 0.0) + t.get("second_opinion", 0.0)
+            + t.get("held_out", 0.0)) / max(t["search"], 1e-9)
     return (wall, peak_rss_mb(r.stderr), int(c["evaluations"]["new"]),
             f"{len(c['fp32_nodes'])} FP32" + (f"; + {runs} single-node runs" if runs else ""), runs, post)
 
@@ -355,7 +356,12 @@ def main() -> None:
                     help="also the onnx wheel's nine light models (weights computed by ConstantOfShape)")
     ap.add_argument("--diffuse", action="store_true",
                     help="also two transformers at tight tolerances: searches of 800-1700 evaluations (~3 min)")
+    ap.add_argument("--args", default="",
+                    help="more flags for every command, e.g. --args='--held-out 0' (a before/after in two runs)")
     a = ap.parse_args()
+    import shlex
+
+    more = shlex.split(a.args)
     with tempfile.TemporaryDirectory() as td:
         tmp = Path(td)
         print("| model | nodes | one inference (warm; cold: load + run) | its peak RSS | evaluations | "
@@ -376,7 +382,7 @@ def main() -> None:
             infer_s, infer_rss, cold_s = plain_inference(path, ranges, shapes, tmp)
             walls, rss, posts = [], [], []
             for i in range(a.repeats):
-                w, r, evals, fp32, runs, post = default_command(path, args, tmp / f"out{i}")
+                w, r, evals, fp32, runs, post = default_command(path, [*args, *more], tmp / f"out{i}")
                 walls.append(w)
                 rss.append(r)
                 posts.append(post)

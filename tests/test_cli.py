@@ -44,8 +44,8 @@ def test_second_search_reads_golden_from_cache(tmp_path, cache_dir, monkeypatch)
 def test_tampered_golden_cache_is_recomputed_not_trusted(tmp_path, cache_dir, capsys, tamper):
     """An edited or bit-rotted golden cache entry was the reference of the next search: scaled values searched
     against the wrong golden, a NaN was exit 2 blaming the model, another shape exit 1 'nothing passes'."""
-    assert main_cli("precision", SEED, *SEED_ARGS, "-o", tmp_path / "a", "--cache-dir", cache_dir) == 0
-    (entry,) = (cache_dir / "golden").glob("*.npz")
+    assert main_cli("precision", SEED, *SEED_ARGS, "--held-out", "0", "-o", tmp_path / "a", "--cache-dir", cache_dir) == 0
+    (entry,) = (cache_dir / "golden").glob("*.npz")  # the search's alone (--held-out 0: no held-out inputs')
     with np.load(entry) as data:
         arrays = dict(data)
     y = arrays["0/y"]
@@ -53,11 +53,11 @@ def test_tampered_golden_cache_is_recomputed_not_trusted(tmp_path, cache_dir, ca
                      "other-shape": np.ones((2, 2), np.float32)}[tamper].astype(np.float32)
     np.savez(entry, **arrays)
     capsys.readouterr()
-    assert main_cli("precision", SEED, *SEED_ARGS, "-o", tmp_path / "b", "--cache-dir", cache_dir) == 0
+    assert main_cli("precision", SEED, *SEED_ARGS, "--held-out", "0", "-o", tmp_path / "b", "--cache-dir", cache_dir) == 0
     assert "ignoring unreadable golden cache" in capsys.readouterr().err
     a, b = (json.loads((tmp_path / d / "constraints.json").read_text()) for d in "ab")
     assert b["golden"]["source"] == "computed" and b["outputs"] == a["outputs"]
-    assert main_cli("precision", SEED, *SEED_ARGS, "-o", tmp_path / "c", "--cache-dir", cache_dir) == 0
+    assert main_cli("precision", SEED, *SEED_ARGS, "--held-out", "0", "-o", tmp_path / "c", "--cache-dir", cache_dir) == 0
     assert json.loads((tmp_path / "c" / "constraints.json").read_text())["golden"]["source"] == "cache"  # rewritten
 
 

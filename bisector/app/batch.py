@@ -110,11 +110,15 @@ class ModelOutcome:
     # the second opinion (bisector.app.second_opinion): whether the set passed with every node run alone too;
     # False: it sits at the edge of the tolerance (said in the status, not a regression); None: not judged so
     node_by_node: bool | None = None
+    # the held-out inputs (bisector.app.held_out): whether the set passed on input sets the search did not use;
+    # False: fitted to the searched inputs (said in the status, not a regression); None: not judged so
+    held_out: bool | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "mode": self.mode, "exit_code": self.exit_code, "status": self.status,
                 "seconds": self.seconds, "fp32_nodes": self.fp32_nodes, "regression": self.regression,
                 "error": self.error, "missing_nodes": self.missing_nodes, "node_by_node_passed": self.node_by_node,
+                "held_out_passed": self.held_out,
                 "outputs": {k: v.to_json() for k, v in self.outputs.items()}}
 
 
@@ -221,6 +225,7 @@ def _run_entry(e: ModelEntry, output_dir: Path, options: dict[str, Any]) -> Mode
             r = precision(e.path, output_dir=output_dir / e.name, **options)
             outcome.fp32_nodes, outcome.outputs = r.fp32_nodes, r.verdict.outputs
             outcome.node_by_node = (r.constraints.node_by_node or {}).get("passed")
+            outcome.held_out = (r.constraints.held_out or {}).get("passed")
             outcome.exit_code = 0 if r.passed else 1
             if r.passed and e.expect_fp32 is not None and sorted(e.expect_fp32) != sorted(r.fp32_nodes):
                 outcome.regression = (f"FP32 set changed: expected {sorted(e.expect_fp32)}, found "
@@ -244,4 +249,6 @@ def _run_entry(e: ModelEntry, output_dir: Path, options: dict[str, Any]) -> Mode
     outcome.status = STATUS.get(outcome.exit_code, f"exit {outcome.exit_code}")
     if outcome.exit_code == 0 and outcome.node_by_node is False:
         outcome.status = "ok (edge: fails node by node)"
+    elif outcome.exit_code == 0 and outcome.held_out is False:
+        outcome.status = "ok (fitted: fails on held-out inputs)"
     return outcome

@@ -321,6 +321,10 @@ class Search:
                                  help="emulate: check (judge the final set again with every node run alone, not "
                                       "through fused blocks; warn and record where it fails so), search (then "
                                       "search on from such a set until one passes both ways) or off.")
+    held_out: int = option("--held-out", default=1,
+                           help="precision: judge the final set on N more generated input sets the search did not use (the "
+                                "seeds after --seed and --iterations) and warn where it fails there: fitted to the "
+                                "searched inputs. 0: off. Generated inputs only.")
     resume: bool = option("--resume/--no-resume", default=True,
                           help="Answer repeated plans from the journal of earlier runs with the same key.")
     max_evals: Optional[int] = option("--max-evals", default=None,
@@ -337,7 +341,7 @@ class Search:
                                      "auto (RAY_ADDRESS or the local cluster) or local (start one here).")
 
     def __post_init__(self) -> None:
-        for name in ("max_evals", "workers"):  # before any comparison: workers="2" is a message, not a TypeError
+        for name in ("max_evals", "workers", "held_out"):  # before any comparison: workers="2" is a message, not a TypeError
             if getattr(self, name) is not None and not _is_int(getattr(self, name)):
                 raise UsageError(f"--{name.replace('_', '-')} {getattr(self, name)!r}: must be an integer")
         if self.workers is not None and self.workers < 1:
@@ -354,6 +358,8 @@ class Search:
         self.strategy_option = strategy_options(self.strategy, self.strategy_option)
         if self.confirm_on is not None:
             _check_backend(self.confirm_on, "--confirm-on")
+        if self.held_out < 0:
+            raise UsageError(f"--held-out {self.held_out}: must be 0 (off) or more input sets")
         if self.max_evals is not None and self.max_evals < 1:
             raise UsageError(f"--max-evals {self.max_evals}: must be at least 1")
         if self.time_limit is not None and not (_is_real(self.time_limit) and self.time_limit > 0

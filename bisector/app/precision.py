@@ -165,10 +165,16 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
                 begin_artifacts(Path(output_dir))  # the stale constraints.json goes before profile.* land
                 extra_report = _write_profile_artifacts(job, Path(output_dir), result.fp32, profile_nodes)
                 t_plot = time.perf_counter() - t1
+        held = None
+        if s.held_out:  # last on this backend: it trades the search's FP32 references for the held-out inputs'
+            from bisector.app.held_out import check_held_out
+
+            held = check_held_out(job, groups[Inputs], s.held_out, result, budget)
         timings = {"setup": t_setup, "profile": t_profile, "search": result.seconds,
                    "backend_run": sum(v.seconds.get("run", 0.0) for v in oracle.history),
                    "compare": sum(v.seconds.get("compare", 0.0) for v in oracle.history), "plot": t_plot,
-                   "second_opinion": opinion.seconds if opinion is not None else 0.0}
+                   "second_opinion": opinion.seconds if opinion is not None else 0.0,
+                   "held_out": held.seconds if held is not None else 0.0}
         described = (job.backend.describe(), unjudged_branches(cat, job.backend))
         paths = None
         # The search's sessions, weight copies and FP32 reference are not needed for the artifacts: free them
@@ -182,6 +188,7 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
         constraints = _constraints(job, Path(model), result, s.strategy, timings, s.strategy_option, described)
         constraints.confirmed_on = confirmed_on
         constraints.node_by_node = opinion.to_json() if opinion is not None else None
+        constraints.held_out = held.to_json() if held is not None else None
         constraints.objective = s.objective
         constraints.fp32_cost = {"set": sum(costs.get(n, 1.0) for n in result.fp32),
                                  "all_candidates": sum(costs.get(n, 1.0) for n in cat.candidates)}

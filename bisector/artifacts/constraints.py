@@ -71,6 +71,11 @@ class Constraints(BaseModel):
                                                    "found passed so, and whether the search went on from it "
                                                    "(`extended`); None: not judged so (another backend, "
                                                    "--confirm-on, --second-opinion off, nothing FP16, no time left)")
+    held_out: Optional[dict[str, Any]] = Field(None, description="the final set judged on input sets the search did "
+                                               "not use (--held-out; bisector.app.held_out): input_sets, seeds, "
+                                               "passed, failed_sets, excess (worst) and excess_per_set; None: not "
+                                               "judged so (inputs from files or a script, --held-out 0, a failing "
+                                               "search, no time left)")
     machine: dict[str, str] = Field(default_factory=dict, description="CPU, instruction set, ONNX Runtime "
                                     "version and its threads (`ort_threads`) the verdicts were measured with")
     worst_input_set: int = Field(0, description="index of the input set on which the final plan is furthest from "

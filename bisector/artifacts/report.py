@@ -34,6 +34,7 @@ def render_report(catalog: Catalog, c: Constraints, strings: dict, extra: str = 
            "`--backend tensorrt --start-from constraints.json` (both extend it where it fails)."]
           if c.backend.get("backend") == "emulate" and not c.confirmed_on else []),
         *_second_opinion_lines(c.node_by_node),
+        *_held_out_lines(c.held_out),
         f"- Strategy: {code(c.strategy)}; evaluations: {c.evaluations.total} ({c.evaluations.new} new, "
         f"{c.evaluations.cached} from the journal)"
         + (f"; {c.evaluations.emulator_runs} single-node emulator runs for the predicted ranking"
@@ -108,6 +109,22 @@ def render_report(catalog: Catalog, c: Constraints, strings: dict, extra: str = 
     if extra:
         lines += [extra, ""]
     return "\n".join(line for line in lines if line is not None) + "\n"
+
+
+def _held_out_lines(held: dict | None) -> list[str]:
+    """What the final set did on the input sets the search did not use (bisector.app.held_out)."""
+    if not held:
+        return []
+    x = "inf" if held.get("excess") is None else f"{held['excess']:.3g}"
+    seeds = held.get("seeds", [None, None])
+    which = f"seed {seeds[0]}" if seeds[0] == seeds[1] else f"seeds {seeds[0]}-{seeds[1]}"
+    if held.get("passed"):
+        return [f"- Held-out inputs: passes on {held.get('input_sets')} generated input set(s) the search did not use "
+                f"({which}; {x} x the tolerance)."]
+    return [f"- **Fitted to the searched inputs:** fails on {held.get('failed_sets')} of {held.get('input_sets')} "
+            f"generated input set(s) the search did not use ({which}; {x} x the tolerance). The FP16 errors left "
+            "cancel on the inputs searched, not on others: search on more input sets (`--iterations`), on real "
+            "inputs (`--load-inputs`), or at a looser tolerance for a set that holds."]
 
 
 def _second_opinion_lines(nbn: dict | None) -> list[str]:

@@ -1,0 +1,160 @@
+"""The final set judged on generated input sets the search did not use (bisector.app.held_out)."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from bisector.app import api
+from bisector.model.catalog import Catalog
+from bisector.model.inputs import generate_inputs
+
+from .conftest import PLANTED, main_cli
+
+
+def offset_model() -> onnx.ModelProto:
+    """y = (x + 1000) - 1000 on one number in [0, 1]. With the Add in FP16, x + 1000 is stored with FP16's spacing
+    of 0.5 there, so y is x rounded to the nearest half: within atol 0.1 of x only where x happens to lie near 0, 0.5
+    or 1. An all-FP16 set passes on such an input and fails on most others: a set fitted to its input."""
+    c = numpy_helper.from_array(np.array([1000.0], np.float32), "c")
+    nodes = [helper.make_node("Add", ["x", "c"], ["a"], name="add_offset"),
+             helper.make_node("Sub", ["a", "c"], ["y"], name="sub_offset")]
+    g = helper.make_graph(nodes, "offset", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])], initializer=[c])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+def _off_grid(x: float) -> float:
+    return abs(x - round(x * 2) / 2)
+
+
+@pytest.fixture
+def offset(tmp_path):
+    path = tmp_path / "offset.onnx"
+    onnx.save(offset_model(), path)
+    cat = Catalog.load(path)
+    xs = [float(generate_inputs(cat, {}, None, seed=s)[0]["x"][0]) for s in range(1, 200)]
+    # a seed whose input lies near the FP16 grid at 1000 (the all-FP16 set passes there) and whose next two do not
+    seed = next(s for s in range(1, 197) if _off_grid(xs[s - 1]) < 0.05
+                and min(_off_grid(xs[s]), _off_grid(xs[s + 1])) > 0.15)
+    return path, seed
+
+
+def test_a_set_that_holds_only_on_the_searched_input_is_said_to_be_fitted(offset, tmp_path, caplog, capsys):
+    path, seed = offset
+    with caplog.at_level(logging.WARNING, logger="bisector"):
+        r = api.precision(path, output_dir=tmp_path / "out", atol=0.1, rtol=0.0, seed=seed, no_cache=True)
+    assert r.passed and r.fp32_nodes == []  # on its own input all FP16 passes: the search cannot tell
+    held = r.constraints.held_out
+    assert held["passed"] is False and held["failed_sets"] == 1 and held["input_sets"] == 1
+    assert held["seeds"] == [seed + 1, seed + 1] and held["excess"] > 1.5
+    assert "fitted to the inputs searched" in caplog.text
+    assert "**Fitted to the searched inputs:**" in (tmp_path / "out" / "report.md").read_text()
+    written = json.loads((tmp_path / "out" / "constraints.json").read_text())
+    assert written["held_out"]["passed"] is False and written["timings"]["held_out"] > 0
+    # the verdict and the exit code stay the search's; the line says it
+    assert main_cli("precision", str(path), "--fp16", "--atol", "0.1", "--rtol", "0", "--seed", seed, "--no-cache",
+                    "-o", tmp_path / "cli") == 0
+    assert "fails on 1 of 1 held-out input set(s): fitted" in capsys.readouterr().out
+
+
+def test_searching_on_more_input_sets_gives_a_set_that_holds_on_the_next(offset, tmp_path):
+    path, seed = offset
+    r = api.precision(path, output_dir=None, atol=0.1, rtol=0.0, seed=seed, iterations=2, held_out=3, no_cache=True)
+    assert r.passed and "add_offset" in r.fp32_nodes
+    held = r.constraints.held_out
+    assert held["passed"] is True and held["seeds"] == [seed + 2, seed + 4]
+    assert len(held["excess_per_set"]) == 3 and held["excess"] <= 1
+
+
+def test_held_out_sets_are_judged_at_the_tolerance_not_the_margin(offset, monkeypatch):
+    """--margin is headroom for other machines' kernels; the held-out check asks whether the tolerance holds."""
+    import bisector.app.held_out as held_out
+
+    seen = []
+    real = held_out.judge
+
+    def spy(backend, plan, feeds, golden, tolerance, **kw):
+        seen.append(tolerance.margin)
+        return real(backend, plan, feeds, golden, tolerance, **kw)
+
+    monkeypatch.setattr(held_out, "judge", spy)
+    path, seed = offset
+    r = api.precision(path, output_dir=None, atol=0.1, rtol=0.0, seed=seed, margin=0.5, held_out=2, no_cache=True)
+    assert r.constraints.held_out is not None and seen == [1.0, 1.0]
+
+
+def test_no_held_out_check_where_nothing_can_be_drawn_or_it_is_off(tmp_path):
+    x = generate_inputs(Catalog.load(PLANTED), {None: (0.0, 1.0)}, None)[0]
+    from bisector.model.polyjson import inputs_to_json
+
+    (tmp_path / "x.json").write_text(inputs_to_json([x]))
+    off = api.precision(PLANTED, output_dir=None, atol=1e-1, held_out=0, no_cache=True)
+    loaded = api.precision(PLANTED, output_dir=None, atol=1e-1, load_inputs=[tmp_path / "x.json"], no_cache=True)
+    on = api.precision(PLANTED, output_dir=None, atol=1e-1, no_cache=True)
+    assert off.constraints.held_out is None and loaded.constraints.held_out is None
+    assert on.constraints.held_out["seeds"] == [2, 2] and on.constraints.held_out["input_sets"] == 1
+    assert off.fp32_nodes == on.fp32_nodes  # the check changes no set
+
+
+@pytest.mark.parametrize("value", ["-1", "two"])
+def test_a_bad_held_out_count_is_a_usage_error(value, capsys):
+    assert main_cli("precision", str(PLANTED), "--fp16", "--atol", "1e-1", "--no-cache", "--held-out", value) == 2
+    assert "--held-out" in capsys.readouterr().err
+
+
+def test_held_out_seeds_past_numpy_limit_are_not_drawn(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="bisector"):
+        r = api.precision(PLANTED, output_dir=None, atol=1e-1, seed=2**32 - 1, no_cache=True)
+    assert r.passed and r.constraints.held_out is None
+    assert "2**32" in caplog.text
+
+
+def test_the_emulators_fp32_run_stands_for_the_golden_session_on_held_out_inputs():
+    """On emulate the held-out golden is the emulator's own FP32 run (no second whole-model session); elsewhere
+    ONNX Runtime's golden session. They agree to FP32 rounding: far below any FP16 tolerance."""
+    from bisector.app.held_out import _golden
+    from bisector.app.job import open_job
+
+    job = open_job(PLANTED, no_cache=True, val_range=["x:[0,1]"])
+    try:
+        feeds = generate_inputs(job.catalog, {None: (0.0, 1.0)}, None, seed=7)[0]
+        emulated = _golden(job, feeds, 7)
+        job.backend.name = "tensorrt"  # any backend but emulate: ONNX Runtime's FP32 run
+        session = _golden(job, feeds, 7)
+    finally:
+        job.close()
+    assert emulated.keys() == session.keys() == set(job.catalog.output_names)
+    for k in emulated:
+        np.testing.assert_allclose(emulated[k], session[k], rtol=1e-5, atol=1e-6)
+
+
+def test_batch_says_a_fitted_set_passed_but_does_not_call_it_a_regression(offset, tmp_path):
+    path, seed = offset
+    config = tmp_path / "nightly.toml"
+    config.write_text(f"""
+[defaults]
+args = ["--fp16", "--no-cache", "--atol", "0.1", "--rtol", "0"]
+output_dir = "out"
+
+[[model]]
+name = "fitted"
+path = "{path}"
+args = ["--seed", "{seed}"]
+
+[[model]]
+name = "holds"
+path = "{path}"
+args = ["--seed", "{seed}", "--iterations", "2"]
+""")
+    js = tmp_path / "batch.json"
+    assert main_cli("batch", config, "--json", js) == 0
+    models = {m["name"]: m for m in json.loads(js.read_text())["models"]}
+    assert models["fitted"]["status"] == "ok (fitted: fails on held-out inputs)"
+    assert models["fitted"]["held_out_passed"] is False and models["fitted"]["exit_code"] == 0
+    assert models["holds"]["status"] == "ok" and models["holds"]["held_out_passed"] is True
