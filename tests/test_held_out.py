@@ -48,7 +48,7 @@ def offset(tmp_path):
 def test_a_set_that_holds_only_on_the_searched_input_is_said_to_be_fitted(offset, tmp_path, caplog, capsys):
     path, seed = offset
     with caplog.at_level(logging.WARNING, logger="bisector"):
-        r = api.precision(path, output_dir=tmp_path / "out", atol=0.1, rtol=0.0, seed=seed, no_cache=True)
+        r = api.precision(path, output_dir=tmp_path / "out", atol=0.1, rtol=0.0, seed=seed, held_out=1, no_cache=True)
     assert r.passed and r.fp32_nodes == []  # on its own input all FP16 passes: the search cannot tell
     held = r.constraints.held_out
     assert held["passed"] is False and held["failed_sets"] == 1 and held["input_sets"] == 1
@@ -58,8 +58,8 @@ def test_a_set_that_holds_only_on_the_searched_input_is_said_to_be_fitted(offset
     written = json.loads((tmp_path / "out" / "constraints.json").read_text())
     assert written["held_out"]["passed"] is False and written["timings"]["held_out"] > 0
     # the verdict and the exit code stay the search's; the line says it
-    assert main_cli("precision", str(path), "--fp16", "--atol", "0.1", "--rtol", "0", "--seed", seed, "--no-cache",
-                    "-o", tmp_path / "cli") == 0
+    assert main_cli("precision", str(path), "--fp16", "--atol", "0.1", "--rtol", "0", "--seed", seed, "--held-out", 1,
+                    "--no-cache", "-o", tmp_path / "cli") == 0
     assert "fails on 1 of 1 held-out input set(s): fitted" in capsys.readouterr().out
 
 
@@ -98,7 +98,7 @@ def test_no_held_out_check_where_nothing_can_be_drawn_or_it_is_off(tmp_path):
     loaded = api.precision(PLANTED, output_dir=None, atol=1e-1, load_inputs=[tmp_path / "x.json"], no_cache=True)
     on = api.precision(PLANTED, output_dir=None, atol=1e-1, no_cache=True)
     assert off.constraints.held_out is None and loaded.constraints.held_out is None
-    assert on.constraints.held_out["seeds"] == [2, 2] and on.constraints.held_out["input_sets"] == 1
+    assert on.constraints.held_out["seeds"] == [2, 2] and on.constraints.held_out["input_sets"] == 1  # 44 evaluations
     assert off.fp32_nodes == on.fp32_nodes  # the check changes no set
 
 
@@ -139,7 +139,7 @@ def test_batch_says_a_fitted_set_passed_but_does_not_call_it_a_regression(offset
     config = tmp_path / "nightly.toml"
     config.write_text(f"""
 [defaults]
-args = ["--fp16", "--no-cache", "--atol", "0.1", "--rtol", "0"]
+args = ["--fp16", "--no-cache", "--atol", "0.1", "--rtol", "0", "--held-out", "1"]
 output_dir = "out"
 
 [[model]]
@@ -158,3 +158,14 @@ args = ["--seed", "{seed}", "--iterations", "2"]
     assert models["fitted"]["status"] == "ok (fitted: fails on held-out inputs)"
     assert models["fitted"]["held_out_passed"] is False and models["fitted"]["exit_code"] == 0
     assert models["holds"]["status"] == "ok" and models["holds"]["held_out_passed"] is True
+
+
+def test_by_default_only_a_search_of_ten_evaluations_or_more_is_judged_on_held_out_inputs(offset, caplog):
+    """The check costs about two evaluations: by default a fifth of the search at most."""
+    path, seed = offset
+    with caplog.at_level(logging.INFO, logger="bisector"):
+        short = api.precision(path, output_dir=None, atol=0.1, rtol=0.0, seed=seed, no_cache=True)
+    assert short.constraints.evaluations.total < 10 and short.constraints.held_out is None
+    assert "--held-out 1 asks" in caplog.text
+    planted = api.precision(PLANTED, output_dir=None, atol=1e-1, no_cache=True)
+    assert planted.constraints.evaluations.total >= 10 and planted.constraints.held_out["input_sets"] == 1

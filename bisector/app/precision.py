@@ -166,7 +166,7 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
                 extra_report = _write_profile_artifacts(job, Path(output_dir), result.fp32, profile_nodes)
                 t_plot = time.perf_counter() - t1
         held = None
-        if s.held_out:  # last on this backend: it trades the search's FP32 references for the held-out inputs'
+        if s.held_out != 0:  # last on this backend: it trades the search's FP32 references for the held-out inputs'
             from bisector.app.held_out import check_held_out
 
             held = check_held_out(job, groups[Inputs], s.held_out, result, budget)

@@ -122,8 +122,8 @@ def _held_out_lines(held: dict | None) -> list[str]:
         return [f"- Held-out inputs: passes on {held.get('input_sets')} generated input set(s) the search did not use "
                 f"({which}; {x} x the tolerance)."]
     return [f"- **Fitted to the searched inputs:** fails on {held.get('failed_sets')} of {held.get('input_sets')} "
-            f"generated input set(s) the search did not use ({which}; {x} x the tolerance). The FP16 errors left "
-            "cancel on the inputs searched, not on others: search on more input sets (`--iterations`), on real "
+            f"generated input set(s) the search did not use ({which}; {x} x the tolerance). The error its FP16 nodes "
+            "leave stays within the tolerance on the inputs searched, not on others: search on more input sets (`--iterations`), on real "
             "inputs (`--load-inputs`), or at a looser tolerance for a set that holds."]
 
 

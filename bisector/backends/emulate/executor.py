@@ -115,6 +115,9 @@ class NodeExecutor:
         # block variants are used and freed instead of kept; all-FP32 variants are kept as always. 597 of them
         # held ~75 MB at the end of a 12 x 384 transformer's ranking, a third of its search's peak.
         self.keep_variants = True
+        # True: every run gives back the pages of the weights it was fed, whatever the process's size (runs asked
+        # once after the search: `EmulateBackend.once_after_search`)
+        self.release_fed = False
         # The arena gives memory back only where the process has grown past SHRINK_ABOVE x its peak so far (what
         # loading the model and the golden inference took): see `_SHRINK`
         self._shrink_above = _peak_rss_bytes() * SHRINK_ABOVE
@@ -637,7 +640,7 @@ class NodeExecutor:
         peak before the search (below, keeping them costs nothing the budget cares about, and reading them back
         on every run cost the 48-layer model's search 17% of its wall time; docs/benchmarks.md, "Scale,
         seventeenth round")."""
-        if fed and _grown_past(self._shrink_above):
+        if fed and (self.release_fed or _grown_past(self._shrink_above)):
             _release(fed)
 
     # Evaluation threads (`--workers` on emulate) share these caches: each step below is one dict operation

@@ -1,0 +1,97 @@
+"""Do the sets found on one input draw hold on others? (`precision --held-out`, bisector.app.held_out)
+
+For each registry case (bench/strategies.py's REGISTRY_CASES) and each seed S of --seeds, every built-in 1-minimal
+strategy searches on the inputs generated with seed S (the shared ONNX Runtime pool, as the command runs); each set
+found is then judged on the inputs of every other seed, at the tolerance asked (margin 1, as `--held-out` judges).
+Prints one row per case: per strategy, the judgements on other draws that passed and the set sizes per seed.
+
+    python bench/held_out.py --case "ppocr-cls atol = rtol = 2e-5" --seeds 1,2,3,4
+    python bench/held_out.py --cases default          # the nine cases of docs/benchmarks.md, "Held-out inputs"
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+os.environ.setdefault("BISECTOR_SHARED_POOL", "1")  # as `bisector precision` runs its sessions
+
+DEFAULT_CASES = ["ppocr-cls atol = rtol = 2e-5", "ppocr-cls atol = rtol = 1e-4", "magika atol = rtol = 5e-6",
+                 "yolov8n atol = rtol = 3e-3", "yolov8n atol = rtol = 1e-3", "ppocr-rec atol = rtol = 3e-3",
+                 "orientation atol = rtol = 3e-4", "basic-pitch atol = rtol = 1e-2", "dnsmos atol = rtol = 1e-4"]
+
+
+def one_case(label: str, seeds: list[int]) -> dict:
+    import strategies as S
+    from registry_models import MODELS, fetch
+
+    from bisector.app.job import open_job
+    from bisector.app.options import options_from_flags
+
+    name, args = next((n, a) for n, lab, a in S.REGISTRY_CASES if f"{n} {lab}".startswith(label))
+    if "@text-image" in args:
+        raise SystemExit(f"{label}: inputs from a drawn image, not generated: no held-out draws here")
+    path = fetch(name)
+    if path is None:
+        raise SystemExit(f"{label}: model not available")
+    jobs = {s: open_job(path, no_cache=True, **options_from_flags([*MODELS[name].input_flags, "--seed", str(s), *args]))
+            for s in seeds}
+    try:
+        judge = {s: jobs[s].oracle(idle=S.IDLE) for s in seeds}
+        out = {"case": label, "runs": []}
+        for s in seeds:
+            t0 = time.perf_counter()
+            found = S.run_on_oracle(list(judge[s].candidates), S._with_excess(judge[s]), S.MINIMAL)
+            for strategy, r in found.items():
+                fp32 = frozenset(r["result"])
+                elsewhere = {}
+                for other in seeds:
+                    if other != s:
+                        judge[other].passes(fp32)
+                        v = judge[other].verdict_of(fp32)
+                        elsewhere[other] = float("inf") if v is None else v.excess  # margin 1: excess <= 1 holds
+                out["runs"].append({"seed": s, "strategy": strategy, "size": len(fp32), "evaluations": r["evaluations"],
+                                    "elsewhere": elsewhere})
+            print(f"  ({label}, seed {s}: {time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+        return out
+    finally:
+        for job in jobs.values():
+            job.close()
+
+
+def row(case: dict) -> str:
+    cells, held, total, excess = [], 0, 0, []
+    for strategy in ("auto", "gt", "greedy", "ddmin"):
+        runs = [r for r in case["runs"] if r["strategy"] == strategy]
+        ok = sum(e <= 1.0 for r in runs for e in r["elsewhere"].values())
+        n = sum(len(r["elsewhere"]) for r in runs)
+        held, total = held + ok, total + n
+        excess += [e for r in runs for e in r["elsewhere"].values()]
+        cells.append(f"{ok} / {n} ({', '.join(str(r['size']) for r in runs)})")
+    excess.sort()
+    return (f"| {case['case']} | " + " | ".join(cells) + f" | **{held} / {total}** | "
+            f"{excess[0]:.2f}–{excess[-1]:.3g} (median {excess[len(excess) // 2]:.2f}) |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--case", action="append", default=[], help="a case label (prefix), repeatable")
+    ap.add_argument("--cases", choices=["default"], help="the nine cases of docs/benchmarks.md")
+    ap.add_argument("--seeds", default="1,2,3,4")
+    a = ap.parse_args()
+    labels = a.case + (DEFAULT_CASES if a.cases == "default" else [])
+    if not labels:
+        ap.error("give --case LABEL or --cases default")
+    seeds = [int(s) for s in a.seeds.split(",")]
+    print("| case | auto: held elsewhere (set per seed) | gt | greedy | ddmin | all | excess elsewhere (× tolerance) |")
+    print("|---|---|---|---|---|---|---|")
+    for label in labels:
+        print(row(one_case(label, seeds)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
