@@ -160,12 +160,15 @@ args = ["--seed", "{seed}", "--iterations", "2"]
     assert models["holds"]["status"] == "ok" and models["holds"]["held_out_passed"] is True
 
 
-def test_by_default_only_a_search_of_ten_evaluations_or_more_is_judged_on_held_out_inputs(offset, caplog):
-    """The check costs about two evaluations: by default a fifth of the search at most."""
+def test_by_default_only_a_long_enough_search_is_judged_on_held_out_inputs(offset, caplog):
+    """The check costs two to three evaluations: by default only after AUTO_FROM_EVALUATIONS or more."""
+    from bisector.app.held_out import AUTO_FROM_EVALUATIONS
+
     path, seed = offset
     with caplog.at_level(logging.INFO, logger="bisector"):
         short = api.precision(path, output_dir=None, atol=0.1, rtol=0.0, seed=seed, no_cache=True)
-    assert short.constraints.evaluations.total < 10 and short.constraints.held_out is None
+    assert short.constraints.evaluations.total < AUTO_FROM_EVALUATIONS and short.constraints.held_out is None
     assert "--held-out 1 asks" in caplog.text
     planted = api.precision(PLANTED, output_dir=None, atol=1e-1, no_cache=True)
-    assert planted.constraints.evaluations.total >= 10 and planted.constraints.held_out["input_sets"] == 1
+    assert planted.constraints.evaluations.total >= AUTO_FROM_EVALUATIONS  # 44
+    assert planted.constraints.held_out["input_sets"] == 1

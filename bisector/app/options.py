@@ -325,7 +325,7 @@ class Search:
                                      help="precision: judge the final set on N more generated input sets the search "
                                           "did not use (the seeds after --seed and --iterations) and warn where it "
                                           "fails there: fitted to the searched inputs. Default: 1 after a search of "
-                                          "at least 10 evaluations, where it costs a fifth of them at most. 0: off. "
+                                          "at least 30 evaluations, where it costs a tenth of them at most. 0: off. "
                                           "Generated inputs only.")
     resume: bool = option("--resume/--no-resume", default=True,
                           help="Answer repeated plans from the journal of earlier runs with the same key.")
