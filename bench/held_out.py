@@ -7,6 +7,12 @@ Prints one row per case: per strategy, the judgements on other draws that passed
 
     python bench/held_out.py --case "ppocr-cls atol = rtol = 2e-5" --seeds 1,2,3,4
     python bench/held_out.py --cases default          # the nine cases of docs/benchmarks.md, "Held-out inputs"
+
+With --flags (e.g. "--margin 0.5 --iterations 4"): each case is searched once with those flags (seed 1) by every
+strategy, and each set judged on --held-out input sets after the searched ones (margin 1): issue 15's comparison
+(set / smallest, evaluations / gt) where the sets are meant to hold beyond the inputs searched.
+
+    python bench/held_out.py --cases default --flags "--margin 0.5 --iterations 4" --held-out 4
 """
 
 from __future__ import annotations
@@ -63,6 +69,42 @@ def one_case(label: str, seeds: list[int]) -> dict:
             job.close()
 
 
+def searched_once(label: str, flags: list[str], held: int) -> str:
+    """Every strategy on one search job (`flags`); each set judged on `held` input sets after the searched ones."""
+    import strategies as S
+    from registry_models import MODELS, fetch
+
+    from bisector.app.job import open_job
+    from bisector.app.options import options_from_flags
+
+    name, args = next((n, a) for n, lab, a in S.REGISTRY_CASES if f"{n} {lab}".startswith(label))
+    path = fetch(name)
+    if path is None or "@text-image" in args:
+        raise SystemExit(f"{label}: model not available, or inputs not generated")
+    search = open_job(path, no_cache=True, **options_from_flags([*MODELS[name].input_flags, *args, *flags]))
+    seed = search.inputs_info["seed"] + search.inputs_info["iterations"]
+    judge = open_job(path, no_cache=True, **options_from_flags([*MODELS[name].input_flags, *args, *flags, "--margin",
+                                                                 "1", "--seed", str(seed), "--iterations", str(held)]))
+    try:
+        oracle, there = search.oracle(idle=S.IDLE), judge.oracle(idle=S.IDLE)
+        found = S.run_on_oracle(list(oracle.candidates), S._with_excess(oracle), S.MINIMAL)
+        smallest = min(len(r["result"]) for r in found.values())
+        cells = []
+        for strategy in ("auto", "gt", "greedy", "ddmin"):
+            r = found[strategy]
+            fp32 = frozenset(r["result"])
+            ok = there.passes(fp32)
+            v = there.verdict_of(fp32)
+            cells.append(f"{len(fp32)} / {r['evaluations']}, {'holds' if ok else 'fails'} "
+                         f"({v.excess if v is not None else float('inf'):.2f})")
+        a = found["auto"]
+        ratios = (f"{len(a['result']) / max(smallest, 1):.2f}; {a['evaluations'] / found['gt']['evaluations']:.2f}")
+        return f"| {label} | " + " | ".join(cells) + f" | {ratios} |"
+    finally:
+        search.close()
+        judge.close()
+
+
 def row(case: dict) -> str:
     cells, held, total, excess = [], 0, 0, []
     for strategy in ("auto", "gt", "greedy", "ddmin"):
@@ -82,10 +124,22 @@ def main() -> None:
     ap.add_argument("--case", action="append", default=[], help="a case label (prefix), repeatable")
     ap.add_argument("--cases", choices=["default"], help="the nine cases of docs/benchmarks.md")
     ap.add_argument("--seeds", default="1,2,3,4")
+    ap.add_argument("--flags", default=None, help="search each case once with these flags (e.g. '--margin 0.5 "
+                                                   "--iterations 4') and judge the sets on --held-out sets after")
+    ap.add_argument("--held-out", type=int, default=4)
     a = ap.parse_args()
     labels = a.case + (DEFAULT_CASES if a.cases == "default" else [])
     if not labels:
         ap.error("give --case LABEL or --cases default")
+    if a.flags is not None:
+        import shlex
+
+        print(f"| case (searched with {a.flags}) | auto: set / evaluations, on {a.held_out} held-out sets (worst "
+              "excess) | gt | greedy | ddmin | auto: set / smallest; evaluations / gt |")
+        print("|---|---|---|---|---|---|")
+        for label in labels:
+            print(searched_once(label, shlex.split(a.flags), a.held_out), flush=True)
+        return
     seeds = [int(s) for s in a.seeds.split(",")]
     print("| case | auto: held elsewhere (set per seed) | gt | greedy | ddmin | all | excess elsewhere (× tolerance) |")
     print("|---|---|---|---|---|---|---|")

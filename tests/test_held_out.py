@@ -172,3 +172,34 @@ def test_by_default_only_a_long_enough_search_is_judged_on_held_out_inputs(offse
     planted = api.precision(PLANTED, output_dir=None, atol=1e-1, no_cache=True)
     assert planted.constraints.evaluations.total >= AUTO_FROM_EVALUATIONS  # 44
     assert planted.constraints.held_out["input_sets"] == 1
+
+
+def test_the_time_limit_bounds_the_held_out_sets(offset, monkeypatch, caplog):
+    """--time-limit bounds the whole command: once spent, the held-out sets judged so far are the record."""
+    import bisector.app.held_out as held_out
+
+    real, calls = held_out.judge, []
+
+    def slow(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(held_out, "judge", slow)
+    monkeypatch.setattr(held_out.Budget, "spent", lambda self: len(calls) >= 1)
+    path, seed = offset
+    with caplog.at_level(logging.WARNING, logger="bisector"):
+        r = api.precision(path, output_dir=None, atol=0.1, rtol=0.0, seed=seed, held_out=3, no_cache=True)
+    assert len(calls) == 1 and r.constraints.held_out["input_sets"] == 1
+    assert "judged on 1 of 3 held-out input set(s)" in caplog.text
+
+
+def test_held_out_set_i_is_what_the_data_loader_generates_as_iteration_i():
+    """Drawn one at a time (memory for one set), the held-out sets are still the iterations Polygraphy's data
+    loader would generate after the searched ones: set i of seed s is the first set of seed s + i."""
+    cat = Catalog.load(PLANTED)
+    together = generate_inputs(cat, {None: (0.0, 1.0)}, None, seed=3, iterations=3)
+    for i in range(3):
+        alone = generate_inputs(cat, {None: (0.0, 1.0)}, None, seed=3 + i)[0]
+        assert alone.keys() == together[i].keys()
+        for k in alone:
+            np.testing.assert_array_equal(alone[k], together[i][k])

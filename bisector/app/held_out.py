@@ -113,7 +113,6 @@ def check_held_out(job: Any, inputs: Any, n: int | None, found: SearchResult, bu
     from bisector.model.inputs import generate_inputs
 
     t0 = time.perf_counter()
-    feeds_list = generate_inputs(job.catalog, inputs.val_range, inputs.input_shapes, seed=seed, iterations=n)
     plan = Plan(frozenset(found.fp32), job.catalog.candidates)
     forget = getattr(job.backend, "forget", None)
     if callable(forget):  # the search's FP32 references are done with: the held-out ones take their place
@@ -128,7 +127,13 @@ def check_held_out(job: Any, inputs: Any, n: int | None, found: SearchResult, bu
     once = getattr(job.backend, "once_after_search", contextlib.nullcontext)
     try:
         with once():
-            for i, feeds in enumerate(feeds_list):
+            for i in range(n):
+                if i and budget.spent():  # --time-limit bounds the command: the sets judged so far are the record
+                    log.warning("--time-limit spent: judged on %d of %d held-out input set(s)", i, n)
+                    break
+                # one set at a time (set i is what --seed (seed + i) generates as the first): memory for one,
+                # whatever N asks
+                feeds = generate_inputs(job.catalog, inputs.val_range, inputs.input_shapes, seed=seed + i)[0]
                 gold = _golden(job, feeds, seed + i)
                 verdicts.append(judge(job.backend, plan, [feeds], [gold], tolerance, lean=True))
                 if callable(forget):
