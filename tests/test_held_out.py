@@ -165,7 +165,7 @@ def test_by_default_only_a_long_enough_search_is_judged_on_held_out_inputs(offse
     from bisector.app.held_out import AUTO_FROM_EVALUATIONS
 
     path, seed = offset
-    with caplog.at_level(logging.INFO, logger="bisector"):
+    with caplog.at_level(logging.DEBUG, logger="bisector"):
         short = api.precision(path, output_dir=None, atol=0.1, rtol=0.0, seed=seed, no_cache=True)
     assert short.constraints.evaluations.total < AUTO_FROM_EVALUATIONS and short.constraints.held_out is None
     assert "--held-out 1 asks" in caplog.text

@@ -103,8 +103,9 @@ def check_held_out(job: Any, inputs: Any, n: int | None, found: SearchResult, bu
     if n is None:
         asked = found.evaluations.get("total", 0)
         if asked < AUTO_FROM_EVALUATIONS:
-            log.info("--held-out: a search of %d evaluation(s), not judged on held-out inputs by default (about two "
-                     "evaluations more; --held-out 1 asks)", asked)
+            # (debug: a line on every short search would be noise; constraints.json says held_out: null)
+            log.debug("--held-out: a search of %d evaluation(s), not judged on held-out inputs by default (two to "
+                      "three evaluations more; --held-out 1 asks)", asked)
             return None
         n = 1
     seed = held_out_seed(inputs, n)
