@@ -514,3 +514,12 @@ def test_objective_flops_is_accepted_and_confirm_on_is_refused(work):
     assert main_cli(*base, "--objective", "flops", "--check", PY, "needs.py", "Add", "Sub") == 0
     assert json.loads((work / "out" / "constraints.json").read_text())["fp32_nodes"] == ["Add", "Sub"]
     assert main_cli(*base, "--confirm-on", "emulate", "--check", PY, "needs.py") == 2
+
+
+def test_held_out_is_refused_where_the_check_command_judges(work, capsys):
+    """--held-out judges with bisector's comparison on generated inputs: with a check command as the oracle it would
+    be silently ignored, so it is refused (0, off, is accepted)."""
+    base = ["debug", "precision", SEED, "--fp16", "--no-cache", "--no-progress", "-o", work / "out"]
+    assert main_cli(*base, "--held-out", "2", "--check", PY, "needs.py") == 2
+    assert "--held-out" in capsys.readouterr().err
+    assert main_cli(*base, "--held-out", "0", "--check", PY, "needs.py", "Add", "Sub") == 0

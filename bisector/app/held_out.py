@@ -120,7 +120,7 @@ def check_held_out(job: Any, inputs: Any, n: int | None, found: SearchResult, bu
         for feeds in job.feeds_list:
             forget(feeds)
     # At the tolerance asked, without --margin's headroom: the margin is there for another machine's FP16 kernels
-    # (README, "Trust"), and a set at 0.9 x the tolerance on the searched inputs is often at 0.9-1.0 x on others,
+    # (README, `--margin`), and a set at 0.9 x the tolerance on the searched inputs is often at 0.9-1.0 x on others,
     # which is not what this check is for
     tolerance = dataclasses.replace(job.tolerance, margin=1.0)
     verdicts = []
@@ -147,10 +147,10 @@ def check_held_out(job: Any, inputs: Any, n: int | None, found: SearchResult, bu
         log.warning("the set of %d node(s) passes on the searched input set(s) (%.3g x the tolerance) but fails on "
                     "%d of %d input set(s) generated after them (seed %d on; %.3g x the tolerance): it is fitted to "
                     "the inputs searched (the error its FP16 nodes leave depends on the input). %s",
-                    len(found.fp32), found.verdict.excess, record.failed, n, seed, record.excess, REMEDY)
+                    len(found.fp32), found.verdict.excess, record.failed, len(verdicts), seed, record.excess, REMEDY)
     else:
-        log.info("--held-out: the set passes on %d input set(s) the search did not use (%.3g x the tolerance)", n,
-                 record.excess)
+        log.info("--held-out: the set passes on %d input set(s) the search did not use (%.3g x the tolerance)",
+                 len(verdicts), record.excess)
     return record
 
 
