@@ -203,3 +203,37 @@ def test_held_out_set_i_is_what_the_data_loader_generates_as_iteration_i():
         assert alone.keys() == together[i].keys()
         for k in alone:
             np.testing.assert_array_equal(alone[k], together[i][k])
+
+
+def test_a_device_backend_is_judged_against_onnx_runtimes_fp32_run(offset, monkeypatch):
+    """Where the backend is not the emulator (ORT-CUDA, TensorRT) the held-out golden is ONNX Runtime's FP32 run
+    of the model and the verdicts are the backend's own; nothing of the emulator's memory hooks is asked for."""
+    import types
+
+    import bisector.app.held_out as held_out
+    import bisector.model.golden as golden
+    from bisector.app.job import open_job
+    from bisector.app.options import Inputs
+    from bisector.budget import Budget
+
+    path, seed = offset
+    job = open_job(path, no_cache=True, atol=0.1, rtol=0.0, seed=seed)
+    runs = []
+    real = golden.run_reference_model
+    monkeypatch.setattr(golden, "run_reference_model", lambda cat, feeds: runs.append(1) or real(cat, feeds))
+    try:
+        device_runs, emulator = [], job.backend
+
+        def run(plan, feeds, outputs=None):  # the "device": the emulator under another name, without its hooks
+            device_runs.append(sorted(plan.fp32))
+            return emulator.run(plan, feeds, outputs)
+
+        job.backend = types.SimpleNamespace(name="ort-cuda", run=run)
+        found = types.SimpleNamespace(passed=True, fp32=frozenset(), evaluations={"total": 40},
+                                      verdict=types.SimpleNamespace(excess=0.5))
+        record = held_out.check_held_out(job, Inputs(seed=seed), None, found, Budget())
+    finally:
+        job.backend = emulator
+        job.close()
+    assert runs == [1] and device_runs == [[]]  # one held-out set by default; the all-FP16 plan on the device
+    assert record is not None and not record.passed and record.seed == seed + 1
