@@ -31,12 +31,10 @@ DEFAULT_CASES = ["ppocr-cls atol = rtol = 2e-5", "ppocr-cls atol = rtol = 1e-4",
                  "orientation atol = rtol = 3e-4", "basic-pitch atol = rtol = 1e-2", "dnsmos atol = rtol = 1e-4"]
 
 
-def one_case(label: str, seeds: list[int]) -> dict:
+def _case(label: str) -> tuple[Path, list[str]]:
+    """The registry case whose label starts with `label`: its model (fetched once) and its flags."""
     import strategies as S
     from registry_models import MODELS, fetch
-
-    from bisector.app.job import open_job
-    from bisector.app.options import options_from_flags
 
     name, args = next((n, a) for n, lab, a in S.REGISTRY_CASES if f"{n} {lab}".startswith(label))
     if "@text-image" in args:
@@ -44,8 +42,17 @@ def one_case(label: str, seeds: list[int]) -> dict:
     path = fetch(name)
     if path is None:
         raise SystemExit(f"{label}: model not available")
-    jobs = {s: open_job(path, no_cache=True, **options_from_flags([*MODELS[name].input_flags, "--seed", str(s), *args]))
-            for s in seeds}
+    return path, [*MODELS[name].input_flags, *args]
+
+
+def one_case(label: str, seeds: list[int]) -> dict:
+    import strategies as S
+
+    from bisector.app.job import open_job
+    from bisector.app.options import options_from_flags
+
+    path, flags = _case(label)
+    jobs = {s: open_job(path, no_cache=True, **options_from_flags([*flags, "--seed", str(s)])) for s in seeds}
     try:
         judge = {s: jobs[s].oracle(idle=S.IDLE) for s in seeds}
         out = {"case": label, "runs": []}
@@ -72,19 +79,15 @@ def one_case(label: str, seeds: list[int]) -> dict:
 def searched_once(label: str, flags: list[str], held: int) -> str:
     """Every strategy on one search job (`flags`); each set judged on `held` input sets after the searched ones."""
     import strategies as S
-    from registry_models import MODELS, fetch
 
     from bisector.app.job import open_job
     from bisector.app.options import options_from_flags
 
-    name, args = next((n, a) for n, lab, a in S.REGISTRY_CASES if f"{n} {lab}".startswith(label))
-    path = fetch(name)
-    if path is None or "@text-image" in args:
-        raise SystemExit(f"{label}: model not available, or inputs not generated")
-    search = open_job(path, no_cache=True, **options_from_flags([*MODELS[name].input_flags, *args, *flags]))
+    path, case_flags = _case(label)
+    search = open_job(path, no_cache=True, **options_from_flags([*case_flags, *flags]))
     seed = search.inputs_info["seed"] + search.inputs_info["iterations"]
-    judge = open_job(path, no_cache=True, **options_from_flags([*MODELS[name].input_flags, *args, *flags, "--margin",
-                                                                 "1", "--seed", str(seed), "--iterations", str(held)]))
+    judge = open_job(path, no_cache=True, **options_from_flags([*case_flags, *flags, "--margin", "1", "--seed",
+                                                                 str(seed), "--iterations", str(held)]))
     try:
         oracle, there = search.oracle(idle=S.IDLE), judge.oracle(idle=S.IDLE)
         found = S.run_on_oracle(list(oracle.candidates), S._with_excess(oracle), S.MINIMAL)

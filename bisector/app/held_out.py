@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from bisector.app.options import SEED_LIMIT
 from bisector.budget import Budget
 from bisector.compare import finite_or_none
 from bisector.errors import BisectorError, UsageError
@@ -36,7 +37,6 @@ from bisector.search.judge import Verdict, judge
 
 log = logging.getLogger("bisector")
 
-SEED_LIMIT = 2**32  # numpy's RandomState takes seeds below it
 # What held where a set was fitted (docs/benchmarks.md, "Held-out inputs": on an H100, 6 of 6 such sets that passed
 # their held-out inputs held on the GPU on new inputs too); said by the warning and report.md
 REMEDY = ("For a set that holds: search on several input sets with more headroom (--iterations 4 --margin 0.5) and "
@@ -71,9 +71,7 @@ class HeldOut:
 
 
 def held_out_seed(inputs: Any, n: int) -> int | None:
-    """The seed of the first held-out input set, or None (and why, logged) where none can be drawn."""
-    if n <= 0:
-        return None
+    """The seed of the first of `n` held-out input sets, or None (and why, logged) where none can be drawn."""
     if inputs.data_loader_script or inputs.load_inputs:
         log.info("--held-out: the inputs come from %s: no more can be drawn, so the set is judged on them alone",
                  "a script" if inputs.data_loader_script else "files")

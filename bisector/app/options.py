@@ -128,6 +128,9 @@ def _check_backend(name: str, flag: str) -> None:
         raise UsageError(f"{flag} {name!r}: choose one of {', '.join(BACKENDS)}")
 
 
+SEED_LIMIT = 2**32  # numpy's RandomState (Polygraphy's data loader) takes seeds below it
+
+
 @dataclass
 class Inputs:
     """Inputs: generated like Polygraphy's data loader, or loaded from files; golden outputs from a file."""
@@ -179,9 +182,9 @@ class Inputs:
         self.load_inputs = [Path(p) for p in (self.load_inputs or [])]
         if self.iterations < 1:
             raise UsageError(f"--iterations {self.iterations}: must be at least 1")
-        if self.seed < 0 or self.seed >= 2**32:
+        if self.seed < 0 or self.seed >= SEED_LIMIT:
             raise UsageError(f"--seed {self.seed}: must lie in [0, 2**32)")
-        if self.seed + self.iterations - 1 >= 2**32:  # input set i is generated from seed + i, as in Polygraphy
+        if self.seed + self.iterations - 1 >= SEED_LIMIT:  # input set i is generated from seed + i, as in Polygraphy
             raise UsageError(f"--seed {self.seed} with --iterations {self.iterations}: the last input set's seed "
                              f"({self.seed + self.iterations - 1}) must lie below 2**32")
 
