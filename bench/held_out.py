@@ -13,6 +13,11 @@ strategy, and each set judged on --held-out input sets after the searched ones (
 (set / smallest, evaluations / gt) where the sets are meant to hold beyond the inputs searched.
 
     python bench/held_out.py --cases default --flags "--margin 0.5 --iterations 4" --held-out 4
+
+With --grown: the command's default strategy with --flags (`--grow-inputs R`: the input sets a set fails on join
+the search), its final set judged on --held-out input sets after every one the command used.
+
+    python bench/held_out.py --cases default --grown --flags "--grow-inputs 4" --held-out 4
 """
 
 from __future__ import annotations
@@ -108,6 +113,47 @@ def searched_once(label: str, flags: list[str], held: int) -> str:
         judge.close()
 
 
+def grown_once(label: str, flags: list[str], held: int, save: Path | None = None) -> str:
+    """The default strategy through the API with `flags` (e.g. "--grow-inputs 4"); the final set judged on `held`
+    input sets after every one the command used (searched, or drawn as held-out), at margin 1. `save`: a folder
+    for the command's constraints.json and report.md (no mixed model), one subfolder per case."""
+    from bisector.app import api
+    from bisector.app.job import open_job
+    from bisector.app.options import options_from_flags
+
+    path, case_flags = _case(label)
+    opts = options_from_flags([*case_flags, *flags])
+    t0 = time.perf_counter()
+    out = None if save is None else save / "".join(ch if ch.isalnum() or ch in "-." else "_" for ch in label)
+    r = api.precision(path, no_cache=True, output_dir=out, mixed=False, **opts)
+    wall = time.perf_counter() - t0
+    rec = r.constraints.held_out or {}
+    seed = opts.get("seed", 1) + opts.get("iterations", 1)
+    if rec:
+        seed = rec["seeds"][1] + 1 if rec.get("input_sets") else seed + (rec.get("searched_input_sets") or 0)
+    import dataclasses
+
+    from bisector.app.options import Search
+
+    searching = {f.name for f in dataclasses.fields(Search)}  # not a job's options
+    judged = options_from_flags([*case_flags, *flags, "--margin", "1", "--seed", str(seed), "--iterations", str(held)])
+    judge = open_job(path, no_cache=True, **{k: v for k, v in judged.items() if k not in searching})
+    try:
+        there = judge.oracle()
+        fp32 = frozenset(r.fp32_nodes)
+        ok = there.passes(fp32)
+        v = there.verdict_of(fp32)
+    finally:
+        judge.close()
+    grown = rec.get("grown") or []
+    sizes = " → ".join([str(grown[0]["set_before"])] + [str(g["set_after"]) for g in grown]) if grown else ""
+    verdict = "—" if not rec else "passes" if rec.get("passed") else "not judged" if rec.get("passed") is None \
+        else f"fails ({rec.get('excess') or float('inf'):.2f})"
+    return (f"| {label} | {len(fp32)} / {r.constraints.evaluations.total} | {len(grown)} ({sizes or 'none'}) | "
+            f"{rec.get('searched_input_sets') or opts.get('iterations', 1)} | {verdict} | "
+            f"{'holds' if ok else 'fails'} ({v.excess if v is not None else float('inf'):.2f}) | {wall:.0f} s |")
+
+
 def row(case: dict) -> str:
     cells, held, total, excess = [], 0, 0, []
     for strategy in ("auto", "gt", "greedy", "ddmin"):
@@ -130,10 +176,23 @@ def main() -> None:
     ap.add_argument("--flags", default=None, help="search each case once with these flags (e.g. '--margin 0.5 "
                                                    "--iterations 4') and judge the sets on --held-out sets after")
     ap.add_argument("--held-out", type=int, default=4)
+    ap.add_argument("--save", type=Path, default=None, help="with --grown: write each case's constraints.json "
+                    "and report.md under this folder (to judge the sets elsewhere, e.g. on a GPU)")
+    ap.add_argument("--grown", action="store_true", help="with --flags: the default strategy through `precision` "
+                    "(e.g. --flags '--grow-inputs 4'), its final set judged on --held-out sets after all it used")
     a = ap.parse_args()
     labels = a.case + (DEFAULT_CASES if a.cases == "default" else [])
     if not labels:
         ap.error("give --case LABEL or --cases default")
+    if a.flags is not None and a.grown:
+        import shlex
+
+        print(f"| case (`precision` with {a.flags}) | set / evaluations | rounds grown (set sizes) | input sets "
+              f"searched | its last held-out check | on {a.held_out} input sets after all it used | wall |")
+        print("|---|---|---|---|---|---|---|")
+        for label in labels:
+            print(grown_once(label, shlex.split(a.flags), a.held_out, a.save), flush=True)
+        return
     if a.flags is not None:
         import shlex
 

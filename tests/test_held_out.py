@@ -231,9 +231,73 @@ def test_a_device_backend_is_judged_against_onnx_runtimes_fp32_run(offset, monke
         job.backend = types.SimpleNamespace(name="ort-cuda", run=run)
         found = types.SimpleNamespace(passed=True, fp32=frozenset(), evaluations={"total": 40},
                                       verdict=types.SimpleNamespace(excess=0.5))
-        record = held_out.check_held_out(job, Inputs(seed=seed), None, found, Budget())
+        kept, record = held_out.check_held_out(job, Inputs(seed=seed), None, found, Budget())
     finally:
         job.backend = emulator
         job.close()
     assert runs == [1] and device_runs == [[]]  # one held-out set by default; the all-FP16 plan on the device
-    assert record is not None and not record.passed and record.seed == seed + 1
+    assert record is not None and not record.passed and record.seed == seed + 1 and kept is found
+
+
+def test_grown_inputs_extend_a_fitted_set_until_it_holds_on_the_next_input_set(offset, tmp_path, capsys):
+    """--grow-inputs: the held-out set the all-FP16 set fails on joins the search, which goes on from the set and
+    keeps both nodes FP32; that set is then judged on the input set after it, and holds there."""
+    path, seed = offset
+    r = api.precision(path, output_dir=tmp_path / "out", atol=0.1, rtol=0.0, seed=seed, grow_inputs=2,
+                      no_cache=True)
+    assert r.passed and r.minimal and set(r.fp32_nodes) == {"add_offset", "sub_offset"}
+    held = r.constraints.held_out
+    # four held-out sets a round by default with growth (GROWTH_HELD_OUT): the first round's join the search, and
+    # the grown set is judged on the four after them
+    assert held["passed"] is True and held["searched_input_sets"] == 5 and held["input_sets"] == 4
+    assert held["seeds"] == [seed + 5, seed + 8]
+    assert [(g["seeds"], g["set_before"], g["set_after"], g["passed"]) for g in held["grown"]] == \
+        [([seed + 1, seed + 4], 0, 2, True)]
+    assert r.constraints.evaluations.total > 3 + 2  # the first search's and the search on from its set
+    assert "Grown on held-out inputs" in (tmp_path / "out" / "report.md").read_text()
+    assert main_cli("precision", str(path), "--fp16", "--atol", "0.1", "--rtol", "0", "--seed", seed,
+                    "--grow-inputs", 1, "--no-cache", "-o", tmp_path / "cli") == 0
+    out = capsys.readouterr().out
+    assert "FP32 nodes (2)" in out and "searched on 5 input sets (--grow-inputs)" in out and "fitted" not in out
+
+
+def test_grown_inputs_stop_after_the_rounds_asked_and_say_the_set_is_still_fitted(offset, monkeypatch, caplog):
+    """Where the set keeps failing fresh input sets, growth stops after --grow-inputs rounds; the last check's
+    failure is the record, and each round's sets join the search, so the seeds run on without a gap."""
+    import bisector.app.held_out as held_out
+    from bisector.search.judge import judge as real
+
+    def failing(*a, **k):  # every held-out judgement fails (the searches on judge through their own oracle)
+        v = real(*a, **k)
+        v.passed = False
+        return v
+
+    monkeypatch.setattr(held_out, "judge", failing)
+    path, seed = offset
+    with caplog.at_level(logging.WARNING, logger="bisector"):
+        r = api.precision(path, output_dir=None, atol=0.1, rtol=0.0, seed=seed, held_out=2, grow_inputs=2,
+                          no_cache=True)
+    held = r.constraints.held_out
+    assert r.passed and held["passed"] is False and held["failed_sets"] == 2
+    assert [g["seeds"] for g in held["grown"]] == [[seed + 1, seed + 2], [seed + 3, seed + 4]]
+    assert held["searched_input_sets"] == 5 and held["seeds"] == [seed + 5, seed + 6]
+    assert "round 2 of 2" in caplog.text and "Grown as far as --grow-inputs allows" in caplog.text
+
+
+def test_grown_inputs_stay_within_max_evals(offset, caplog):
+    """--max-evals counts the searches on from the set too: with none left, the set is reported fitted, not grown."""
+    path, seed = offset
+    with caplog.at_level(logging.WARNING, logger="bisector"):
+        first = api.precision(path, output_dir=None, atol=0.1, rtol=0.0, seed=seed, held_out=1, no_cache=True)
+        capped = api.precision(path, output_dir=None, atol=0.1, rtol=0.0, seed=seed, grow_inputs=3, no_cache=True,
+                               max_evals=first.constraints.evaluations.new)
+    assert capped.fp32_nodes == [] and capped.constraints.held_out["passed"] is False
+    assert "grown" not in capped.constraints.held_out and "no evaluations left" in caplog.text
+
+
+@pytest.mark.parametrize("flags, says", [(["--grow-inputs", "-1"], "--grow-inputs"),
+                                         (["--grow-inputs", "2", "--held-out", "0"], "--held-out 0"),
+                                         (["--grow-inputs", "1", "--confirm-on", "ort-cuda"], "--confirm-on")])
+def test_bad_grow_inputs_combinations_are_usage_errors(flags, says, capsys):
+    assert main_cli("precision", str(PLANTED), "--fp16", "--atol", "1e-1", "--no-cache", *flags) == 2
+    assert says in capsys.readouterr().err

@@ -535,6 +535,9 @@ def _search_inputs(s: Search, catalog) -> tuple[dict, frozenset[str] | None]:
     if getattr(s, "confirm_on", None) is not None:
         raise UsageError("--confirm-on re-judges with bisector's comparison; debug precision's judge is the check "
                          "command: make the check run on that hardware instead")
+    if getattr(s, "grow_inputs", 0):
+        raise UsageError("--grow-inputs searches on with bisector's comparison on generated inputs; debug precision's "
+                         "judge is the check command: give the check more inputs instead")
     if getattr(s, "held_out", None):
         raise UsageError("--held-out judges with bisector's comparison on generated inputs; debug precision's judge is "
                          "the check command: give the check more inputs instead")

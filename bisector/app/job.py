@@ -62,11 +62,13 @@ class Job:
         return SqliteJournal(self.cache_dir / "journal.sqlite", description, resume=resume)
 
     def oracle(self, budget: Budget | None = None, journal=None, on_verdict=None, screen: bool = False,
-               idle: bool = False) -> Oracle:
+               idle: bool = False, inputs: tuple[list[Feeds], list[Feeds]] | None = None) -> Oracle:
         """`screen`: failing plans may be judged on one batch item (a search's oracle; bisector.search.screen).
         `idle`: a search's oracle, which judges a set without its idle FP32 members (`points.IdleFP32`: the same
-        values); without, every set is judged as given (verify)."""
-        return Oracle(self.backend, self.catalog.candidates, self.feeds_list, self.golden.outputs, self.tolerance,
+        values); without, every set is judged as given (verify). `inputs`: other input sets and their golden
+        outputs than the job's (the held-out inputs' growth, bisector.app.held_out)."""
+        feeds_list, golden = inputs if inputs is not None else (self.feeds_list, self.golden.outputs)
+        return Oracle(self.backend, self.catalog.candidates, feeds_list, golden, self.tolerance,
                       journal=journal, budget=budget, on_verdict=on_verdict, screen=screen,
                       idle=IdleFP32(self.catalog, self.catalog.candidates) if idle else None)
 

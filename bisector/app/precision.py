@@ -150,6 +150,15 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
         if confirm is not None and result.passed:
             result = _confirm(Path(model), groups, confirm, s, result, budget)
             confirmed_on = confirm.backend
+        held = None
+        if s.held_out != 0:  # it trades the search's FP32 references for the held-out inputs'; before the picture,
+            # which shows the final set (--grow-inputs may change it)
+            from bisector.app.held_out import Growth, check_held_out
+
+            growth = None if not s.grow_inputs else Growth(
+                s.grow_inputs, s.strategy, s.strategy_kwargs(), s.max_evals, on_verdict=oracle.on_verdict,
+                progress=progress)
+            result, held = check_held_out(job, groups[Inputs], s.held_out, result, budget, growth)
         extra_report, t_plot = "", 0.0
         if plot and output_dir is not None:
             if job.backend.name != "emulate":
@@ -165,11 +174,6 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
                 begin_artifacts(Path(output_dir))  # the stale constraints.json goes before profile.* land
                 extra_report = _write_profile_artifacts(job, Path(output_dir), result.fp32, profile_nodes)
                 t_plot = time.perf_counter() - t1
-        held = None
-        if s.held_out != 0:  # last on this backend: it trades the search's FP32 references for the held-out inputs'
-            from bisector.app.held_out import check_held_out
-
-            held = check_held_out(job, groups[Inputs], s.held_out, result, budget)
         timings = {"setup": t_setup, "profile": t_profile, "search": result.seconds,
                    "backend_run": sum(v.seconds.get("run", 0.0) for v in oracle.history),
                    "compare": sum(v.seconds.get("compare", 0.0) for v in oracle.history), "plot": t_plot,

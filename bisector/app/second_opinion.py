@@ -28,7 +28,7 @@ from typing import Any, Callable
 from bisector.budget import Budget
 from bisector.compare import finite_or_none
 from bisector.fp16.plan import Plan
-from bisector.search.driver import SearchResult, run_search
+from bisector.search.driver import SearchResult, continued, run_search
 from bisector.search.judge import Verdict, judge, summed_seconds
 from bisector.search.oracle import Oracle
 
@@ -120,10 +120,4 @@ def second_opinion(job: Any, found: SearchResult, strategy: str, strategy_option
                       on_verdict=on_verdict)
     result = run_search(oracle, strategy, strategy_options, start=found.fp32, progress=progress)
     record = SecondOpinion(first, result.verdict, True, 1 + oracle.total, time.perf_counter() - t0)
-    merged = dict(found.evaluations)
-    for k in ("total", "new"):
-        merged[k] = merged.get(k, 0) + result.evaluations.get(k, 0)
-    final = SearchResult(result.fp32, result.passed, result.minimal, result.verdict, found.strategy,
-                         result.stop_reason, found.seconds, merged, found.rounds + result.rounds,
-                         found.workers, found.unreachable)
-    return final, record
+    return continued(found, result), record

@@ -115,19 +115,39 @@ def _held_out_lines(held: dict | None) -> list[str]:
     """What the final set did on the input sets the search did not use (bisector.app.held_out)."""
     if not held:
         return []
+    grown = _grown_lines(held)
     x = "inf" if held.get("excess") is None else f"{held['excess']:.3g}"
     seeds = held.get("seeds", [None, None])
     which = f"seed {seeds[0]}" if seeds[0] == seeds[1] else f"seeds {seeds[0]}-{seeds[1]}"
+    if held.get("passed") is None:
+        return grown + ["- Held-out inputs: the set it grew to is not judged on input sets the search did not use "
+                        "(the time or evaluations ran out)."]
     if held.get("passed"):
-        return [f"- Held-out inputs: passes on {held.get('input_sets')} generated input set(s) the search did not use "
-                f"({which}; {x} x the tolerance)."]
+        return grown + [f"- Held-out inputs: passes on {held.get('input_sets')} generated input set(s) the search "
+                        f"did not use ({which}; {x} x the tolerance)."]
+    if grown:
+        return grown + [f"- **Fitted to the searched inputs:** fails on {held.get('failed_sets')} of "
+                        f"{held.get('input_sets')} generated input set(s) the search did not use ({which}; {x} x the "
+                        "tolerance), after growing as often as `--grow-inputs` allowed. More rounds, real inputs "
+                        "(`--load-inputs`) or a looser tolerance are the way on."]
     return [f"- **Fitted to the searched inputs:** fails on {held.get('failed_sets')} of {held.get('input_sets')} "
             f"generated input set(s) the search did not use ({which}; {x} x the tolerance). The error its FP16 "
             "nodes leave stays within the tolerance on the inputs searched, not on others. For a set that holds: "
-            "search on several input sets with more headroom (`--iterations 4 --margin 0.5`) and keep one that "
-            "passes its held-out inputs (on an H100 such sets held on new inputs in 6 of 6 measured cases; "
-            "docs/benchmarks.md, \"Held-out inputs\"), search on real inputs (`--load-inputs`), or loosen the "
-            "tolerance."]
+            "search with more headroom and let the input sets it fails on join the search (`--margin 0.5 "
+            "--grow-inputs 3`: on an H100 such sets held on input sets no search saw in 7 of 9 measured cases; "
+            "docs/benchmarks.md, \"Held-out inputs, second round\"), search on real inputs (`--load-inputs`), or "
+            "loosen the tolerance."]
+
+
+def _grown_lines(held: dict) -> list[str]:
+    """`--grow-inputs`: how the set changed as the input sets it failed on joined the search."""
+    rounds = held.get("grown") or []
+    if not rounds:
+        return []
+    steps = "; ".join(f"failed on seeds {r['seeds'][0]}-{r['seeds'][1]}: {r['set_before']} -> {r['set_after']} "
+                      f"node(s) (+{r['added']}, -{r['dropped']}; {r['evaluations']} evaluations)" for r in rounds)
+    return [f"- Grown on held-out inputs (`--grow-inputs`): searched on {held.get('searched_input_sets')} input sets "
+            f"in the end. {steps}."]
 
 
 def _second_opinion_lines(nbn: dict | None) -> list[str]:

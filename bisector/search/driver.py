@@ -57,6 +57,17 @@ class SearchResult:
     unreachable: dict[str, Unreachable] = field(default_factory=dict)  # outputs no FP16 value meets (see there)
 
 
+def continued(found: SearchResult, then: SearchResult) -> SearchResult:
+    """`then` (a search on from `found`'s set: the second opinion's, the held-out inputs' growth) as the result of
+    the whole: its set and verdict, both searches' evaluations and rounds; the time stays the first search's (the
+    record of the search on from it keeps its own)."""
+    merged = dict(found.evaluations)
+    for k in ("total", "new"):
+        merged[k] = merged.get(k, 0) + then.evaluations.get(k, 0)
+    return SearchResult(then.fp32, then.passed, then.minimal, then.verdict, found.strategy, then.stop_reason,
+                        found.seconds, merged, found.rounds + then.rounds, found.workers, found.unreachable)
+
+
 def run_search(
     oracle: Oracle,
     strategy_name: str,

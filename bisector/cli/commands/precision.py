@@ -56,9 +56,13 @@ def precision(model: Model, fp16: Fp16 = True, output_dir: OutputDir = Path("bis
     elif nbn and not nbn.get("passed"):
         headroom += "; fails with every node run alone: at the edge of the tolerance (report.md)"
     held = c.held_out or {}
-    if held and not held.get("passed"):
+    if held.get("grown"):
+        headroom += f"; searched on {held.get('searched_input_sets')} input sets (--grow-inputs)"
+    if held.get("passed") is False:
         headroom += (f"; fails on {held.get('failed_sets')} of {held.get('input_sets')} held-out input set(s): fitted "
                      "to the searched inputs (report.md)")
+    elif held.get("grown") and held.get("passed") is None:
+        headroom += "; not judged on held-out inputs after it grew (report.md)"
     if c.unjudged_branches:  # the warning at the start scrolled away: the verdict's scope goes with it
         headroom += f"; FP16 inside the branches of {len(c.unjudged_branches)} If node(s) not judged (report.md)"
     say(f"{'PASSED' if r.passed else 'FAILED'}; {'1-minimal' if r.minimal else 'not proven minimal'}; "
