@@ -301,3 +301,22 @@ def test_grown_inputs_stay_within_max_evals(offset, caplog):
 def test_bad_grow_inputs_combinations_are_usage_errors(flags, says, capsys):
     assert main_cli("precision", str(PLANTED), "--fp16", "--atol", "1e-1", "--no-cache", *flags) == 2
     assert says in capsys.readouterr().err
+
+
+def test_a_set_grown_when_time_ran_out_is_not_called_held_or_fitted(offset, tmp_path, monkeypatch, capsys):
+    """Where the search on from the set stops early (--time-limit, --max-evals), the set it returns was judged on no
+    input set it did not use: held_out.passed is null, and the line and report.md say it was not judged."""
+    import dataclasses
+
+    import bisector.app.held_out as held_out
+
+    real = held_out.run_search
+    monkeypatch.setattr(held_out, "run_search",
+                        lambda *a, **k: dataclasses.replace(real(*a, **k), stop_reason="--time-limit spent"))
+    path, seed = offset
+    assert main_cli("precision", str(path), "--fp16", "--atol", "0.1", "--rtol", "0", "--seed", seed,
+                    "--grow-inputs", 2, "--no-cache", "-o", tmp_path / "out") == 0
+    held = json.loads((tmp_path / "out" / "constraints.json").read_text())["held_out"]
+    assert held["passed"] is None and held["input_sets"] == 0 and held["seeds"] is None and len(held["grown"]) == 1
+    assert "not judged on held-out inputs after it grew" in capsys.readouterr().out
+    assert "is not judged on input sets the search did not use" in (tmp_path / "out" / "report.md").read_text()

@@ -88,7 +88,8 @@ class HeldOut:
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "input_sets": len(self.verdicts), "seeds": [self.seed, self.seed + len(self.verdicts) - 1],
+            "input_sets": len(self.verdicts),
+            "seeds": [self.seed, self.seed + len(self.verdicts) - 1] if self.judged else None,
             "passed": self.passed if self.judged else None, "failed_sets": self.failed,
             "excess": finite_or_none(self.excess) if self.judged else None,
             "excess_per_set": [finite_or_none(v.excess) for v in self.verdicts]}
@@ -121,7 +122,7 @@ AUTO_FROM_EVALUATIONS = 30
 
 
 # `--grow-inputs` without `--held-out`: held-out sets per round. Growth stops at the first round whose sets all pass,
-# and one set stops it by luck: at the default margin, sets that passed one held-out set held on the next four in 1
+# and one set stops it by luck: at the default margin, sets that passed one held-out set held on the next four in 0
 # of 4 cases; at --margin 0.5, sets that passed four held on the next four in 7 of 10 (docs/benchmarks.md, "Held-out
 # inputs, second round").
 GROWTH_HELD_OUT = 4

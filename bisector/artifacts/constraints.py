@@ -73,9 +73,12 @@ class Constraints(BaseModel):
                                                    "--confirm-on, --second-opinion off, nothing FP16, no time left)")
     held_out: Optional[dict[str, Any]] = Field(None, description="the final set judged on input sets the search did "
                                                "not use (--held-out; bisector.app.held_out): input_sets, seeds, "
-                                               "passed, failed_sets, excess (worst) and excess_per_set; None: not "
-                                               "judged so (inputs from files or a script, --held-out 0, a failing "
-                                               "search, no time left)")
+                                               "passed, failed_sets, excess (worst) and excess_per_set; with "
+                                               "--grow-inputs, grown (per round: seeds, set_before, set_after, added, "
+                                               "dropped, evaluations, passed) and searched_input_sets, passed None "
+                                               "where the set grown last was not judged; None: not judged so (inputs "
+                                               "from files or a script, --held-out 0, a failing search, no time "
+                                               "left)")
     machine: dict[str, str] = Field(default_factory=dict, description="CPU, instruction set, ONNX Runtime "
                                     "version and its threads (`ort_threads`) the verdicts were measured with")
     worst_input_set: int = Field(0, description="index of the input set on which the final plan is furthest from "

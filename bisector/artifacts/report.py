@@ -117,7 +117,7 @@ def _held_out_lines(held: dict | None) -> list[str]:
         return []
     grown = _grown_lines(held)
     x = "inf" if held.get("excess") is None else f"{held['excess']:.3g}"
-    seeds = held.get("seeds", [None, None])
+    seeds = held.get("seeds") or [None, None]
     which = f"seed {seeds[0]}" if seeds[0] == seeds[1] else f"seeds {seeds[0]}-{seeds[1]}"
     if held.get("passed") is None:
         return grown + ["- Held-out inputs: the set it grew to is not judged on input sets the search did not use "
