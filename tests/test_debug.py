@@ -523,3 +523,6 @@ def test_held_out_is_refused_where_the_check_command_judges(work, capsys):
     assert main_cli(*base, "--held-out", "2", "--check", PY, "needs.py") == 2
     assert "--held-out" in capsys.readouterr().err
     assert main_cli(*base, "--held-out", "0", "--check", PY, "needs.py", "Add", "Sub") == 0
+    capsys.readouterr()
+    assert main_cli(*base, "--grow-inputs", "2", "--check", PY, "needs.py") == 2  # growth judges the same way
+    assert "--grow-inputs" in capsys.readouterr().err

@@ -303,6 +303,18 @@ def test_bad_grow_inputs_combinations_are_usage_errors(flags, says, capsys):
     assert says in capsys.readouterr().err
 
 
+def test_grow_inputs_with_inputs_from_files_is_a_usage_error(tmp_path, capsys):
+    """Nothing more can be drawn from files: growth would silently do nothing, so it is refused before the search."""
+    from bisector.model.polyjson import inputs_to_json
+
+    x = generate_inputs(Catalog.load(PLANTED), {None: (0.0, 1.0)}, None)[0]
+    (tmp_path / "x.json").write_text(inputs_to_json([x]))
+    assert main_cli("precision", str(PLANTED), "--fp16", "--atol", "1e-1", "--no-cache", "--load-inputs",
+                    tmp_path / "x.json", "--grow-inputs", "1", "-o", tmp_path / "out") == 2
+    err = capsys.readouterr().err
+    assert "--grow-inputs" in err and "files" in err and not (tmp_path / "out" / "constraints.json").exists()
+
+
 def test_a_set_grown_when_time_ran_out_is_not_called_held_or_fitted(offset, tmp_path, monkeypatch, capsys):
     """Where the search on from the set stops early (--time-limit, --max-evals), the set it returns was judged on no
     input set it did not use: held_out.passed is null, and the line and report.md say it was not judged."""

@@ -75,6 +75,9 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
     groups = split_options(options, Inputs=inputs, Tolerances=tolerances, BackendChoice=backend, Cache=cache,
                            Search=search)
     s: Search = groups[Search]
+    if s.grow_inputs and (groups[Inputs].load_inputs or groups[Inputs].data_loader_script):
+        raise UsageError("--grow-inputs draws more generated input sets; the inputs here come from "
+                         f"{'a script' if groups[Inputs].data_loader_script else 'files'}: give more of them instead")
     budget = Budget(max_evals=s.max_evals, time_limit=s.time_limit)  # the whole command's clock starts here
     if output_dir is not None:
         ensure_dir(Path(output_dir))  # fail on an unwritable -o before hours of search
