@@ -9,9 +9,7 @@
 set -uo pipefail
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 IFS=';' read -r -a cases <<< "${CASES:?CASES: case=name/file=seed;...}"
-line() {  # one verify's verdict: passed, worst excess
-  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('pass' if d['passed'] else 'FAIL', max((o.get('excess') or float('inf')) for o in d['outputs'].values()))" "$1" 2>/dev/null || echo "error"
-}
+source "$(dirname "$0")/verdict_line.sh"  # line FILE: one verify's verdict
 for c in "${cases[@]}"; do
   case=${c%%=*}; rest=${c#*=}; model="$MODELS/${rest%%=*}"; seed=${rest##*=}
   set_=$SETS/$case/constraints.json
