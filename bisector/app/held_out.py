@@ -131,11 +131,10 @@ GROWTH_HELD_OUT = 4
 def check_held_out(job: Any, inputs: Any, n: int | None, found: SearchResult, budget: Budget,
                    growth: Growth | None = None) -> tuple[SearchResult, HeldOut | None]:
     """Judge `found`'s set on `n` held-out input sets (None: `AUTO_FROM_EVALUATIONS`; `GROWTH_HELD_OUT` with
-    `growth`); warn
-    where it fails on any. With `growth`, let the failing round's input sets join the searched ones and search on
-    from the set (`Growth`). Returns the final result (`found` unless it grew) and the record; None: not judged
-    (the search did not pass, a short search by default, no inputs to draw, no time left, or the held-out inputs
-    have no usable FP32 outputs)."""
+    `growth`); warn where it fails on any. With `growth`, let the failing round's input sets join the searched ones
+    and search on from the set (`Growth`, `_search_on`). Returns the final result (`found` unless it grew) and the
+    record; None: not judged (the search did not pass, a short search by default, no inputs to draw, no time left,
+    or the held-out inputs have no usable FP32 outputs)."""
     if not found.passed or budget.spent():
         return found, None
     rounds = growth.rounds if growth is not None else 0
@@ -150,7 +149,7 @@ def check_held_out(job: Any, inputs: Any, n: int | None, found: SearchResult, bu
             return found, None
         n = 1
     seed = held_out_seed(inputs, n * (rounds + 1))  # every round's sets: the search on uses them, the next are new
-    if seed is None or n == 0:
+    if seed is None:
         return found, None
 
     t0 = time.perf_counter()
@@ -171,38 +170,12 @@ def check_held_out(job: Any, inputs: Any, n: int | None, found: SearchResult, bu
         failed = not verdicts or not all(v.passed for v in verdicts)
         if not failed or len(grown) == rounds or len(verdicts) < n:
             break
-        left = None if growth is None or growth.max_evals is None else \
-            growth.max_evals - found.evaluations.get("new", 0)
-        if budget.spent() or (left is not None and left <= 0):
-            log.warning("--grow-inputs: no %s left to search on from the set with the input sets it fails on",
-                        "time" if budget.spent() else "evaluations")
-            break
         assert growth is not None
-        before = found.fp32
-        for feeds, gold in drawn:
-            searched[0].append(feeds)
-            searched[1].append(gold)
-        log.warning("the set of %d node(s) fails on %d of %d held-out input set(s) (seed %d on; %.3g x the "
-                    "tolerance): searching on from it with them, on %d input sets (--grow-inputs, round %d of %d)",
-                    len(before), sum(not v.passed for v in verdicts), n, seed,
-                    max(v.excess for v in verdicts), len(searched[0]), len(grown) + 1, rounds)
-        if hasattr(job.backend, "reference_cache_size"):  # one FP32 reference per searched input set, kept
-            job.backend.reference_cache_size = max(job.backend.reference_cache_size, len(searched[0]))
-        oracle = job.oracle(budget=Budget(max_evals=left, time_limit=budget.time_limit, started=budget.started),
-                            on_verdict=growth.on_verdict, screen=True, idle=True, inputs=searched)
-        if growth.progress is not None:
-            growth.progress.begin(len(job.catalog.candidates))
-        try:
-            result = run_search(oracle, growth.strategy, growth.strategy_options, start=found.fp32,
-                                progress=growth.progress)
-        except BisectorError as e:
-            log.warning("--grow-inputs: the search on from the set stopped (%s): the set stays as it was", e)
-            verdicts = []  # (the last verdicts were of this set: it is reported fitted below)
+        result = _search_on(job, found, growth, searched, drawn, verdicts, budget,
+                            f"round {len(grown) + 1} of {rounds}")
+        if result is None:  # no time or evaluations left, or the search stopped: the last verdicts stand
             break
-        finally:
-            if growth.progress is not None:
-                growth.progress.end()
-        found = continued(found, result)
+        before, found = found.fp32, continued(found, result)
         grown.append({"seeds": [seed, seed + n - 1], "set_before": len(before), "set_after": len(found.fp32),
                       "added": len(found.fp32 - before), "dropped": len(before - found.fp32),
                       "evaluations": result.evaluations.get("total", 0), "passed": result.passed})
@@ -224,6 +197,39 @@ def check_held_out(job: Any, inputs: Any, n: int | None, found: SearchResult, bu
                  "tolerance)%s", len(found.fp32), len(verdicts), record.excess,
                  f", after searching on {len(searched[0])} input sets" if grown else "")
     return found, record
+
+
+def _search_on(job: Any, found: SearchResult, growth: Growth, searched: tuple[list, list], drawn: list,
+               verdicts: list[Verdict], budget: Budget, which: str) -> SearchResult | None:
+    """One growth round: the `drawn` input sets (and their FP32 outputs) join `searched`, and the search goes on from
+    `found`'s set on all of them. None where no time or evaluation is left, or the search failed (warned)."""
+    left = None if growth.max_evals is None else growth.max_evals - found.evaluations.get("new", 0)
+    if budget.spent() or (left is not None and left <= 0):
+        log.warning("--grow-inputs: no %s left to search on from the set with the input sets it fails on",
+                    "time" if budget.spent() else "evaluations")
+        return None
+    for feeds, gold in drawn:
+        searched[0].append(feeds)
+        searched[1].append(gold)
+    log.warning("the set of %d node(s) fails on %d of %d held-out input set(s) (%.3g x the tolerance): searching on "
+                "from it with them, on %d input sets (--grow-inputs, %s)", len(found.fp32),
+                sum(not v.passed for v in verdicts), len(verdicts), max(v.excess for v in verdicts), len(searched[0]),
+                which)
+    if hasattr(job.backend, "reference_cache_size"):  # one FP32 reference per searched input set, kept
+        job.backend.reference_cache_size = max(job.backend.reference_cache_size, len(searched[0]))
+    oracle = job.oracle(budget=Budget(max_evals=left, time_limit=budget.time_limit, started=budget.started),
+                        on_verdict=growth.on_verdict, screen=True, idle=True, inputs=searched)
+    if growth.progress is not None:
+        growth.progress.begin(len(job.catalog.candidates))
+    try:
+        return run_search(oracle, growth.strategy, growth.strategy_options, start=found.fp32,
+                          progress=growth.progress)
+    except BisectorError as e:
+        log.warning("--grow-inputs: the search on from the set stopped (%s): the set stays as it was", e)
+        return None
+    finally:
+        if growth.progress is not None:
+            growth.progress.end()
 
 
 def _judge_drawn(job: Any, inputs: Any, found: SearchResult, n: int, seed: int, budget: Budget,
