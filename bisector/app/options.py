@@ -335,7 +335,7 @@ class Search:
                                    "searched inputs and search on from the set (extend, then shrink), up to N times; "
                                    "each set found is judged on the input sets after all those searched. With "
                                    "--margin 0.5 for a set that holds on inputs no search saw. --held-out defaults to "
-                                   "4 with it. Generated inputs; not with --confirm-on. Default 0.")
+                                   "4 with it. Generated inputs; not with --confirm-on.")
     resume: bool = option("--resume/--no-resume", default=True,
                           help="Answer repeated plans from the journal of earlier runs with the same key.")
     max_evals: Optional[int] = option("--max-evals", default=None,
