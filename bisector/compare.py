@@ -286,7 +286,58 @@ def _max_only(a: np.ndarray) -> dict[str, float]:
 
 def compare_outputs(actual: Mapping[str, np.ndarray], golden: Mapping[str, np.ndarray], tol: Tolerance,
                     keep_diff: bool = False, lean: bool = False) -> dict[str, OutputComparison]:
-    return {name: compare_output(name, actual[name], g, tol, keep_diff, lean) for name, g in golden.items()}
+    together = _lean_together(actual, golden, tol) if lean and not keep_diff and len(golden) > 1 else {}
+    return {name: together.get(name) or compare_output(name, actual[name], g, tol, keep_diff, lean)
+            for name, g in golden.items()}
+
+
+_TOGETHER_MAX = 1 << 14  # elements of an output judged with the others (`_lean_together`); larger ones alone
+
+
+def _lean_together(actual: Mapping[str, np.ndarray], golden: Mapping[str, np.ndarray],
+                   tol: Tolerance) -> dict[str, OutputComparison]:
+    """`compare_output(lean=True)` of many small outputs at once, the same comparisons field for field: a search
+    judging a 60-output model spent a third of its wall time in the ~100 µs each comparison costs in NumPy calls
+    whatever its size (docs/benchmarks.md, "Scale, thirty-fifth round"). The float32 outputs under
+    _TOGETHER_MAX elements with an elementwise check and the same tolerances are laid end to end, and every
+    step of `compare_output`'s arithmetic runs once on the whole, with NumPy's reductions per output
+    (`reduceat`). Each element's numbers are those of its own comparison (the same float32 operations, element
+    by element); maxima and counts do not depend on where an array starts; the excess and its index are
+    `_excess_at`'s (`_excesses_at`). Outputs this does not cover are left to `compare_output`."""
+    groups: dict[tuple[float, float], list[str]] = {}
+    for name, g in golden.items():
+        a = actual.get(name)
+        if (a is None or tol.stat.get(name) != "elemwise" or a.dtype != np.float32 or g.dtype != np.float32
+                or a.shape != g.shape or not 0 < g.size <= _TOGETHER_MAX):
+            continue
+        groups.setdefault((tol.atol.get(name), tol.rtol.get(name)), []).append(name)
+    out: dict[str, OutputComparison] = {}
+    m = tol.margin
+    for (atol, rtol), names in groups.items():
+        if len(names) < 2:
+            continue
+        sizes = np.array([golden[k].size for k in names])
+        starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+        g = np.concatenate([golden[k].reshape(-1) for k in names])
+        with np.errstate(all="ignore"):
+            ad = np.abs(np.subtract(np.concatenate([actual[k].reshape(-1) for k in names]), g))
+            rd = np.divide(ad, golden_magnitude(g))
+            ok = np.less_equal(ad, atol * m)
+            ok |= np.less_equal(rd, rtol * m)
+            fine = np.add.reduceat(ok, starts)
+            abs_max = np.maximum.reduceat(ad, starts)
+            rel_max = np.maximum.reduceat(rd, starts)
+        excesses = _excesses_at(ad, rd, atol, rtol, starts, sizes)
+        for i, name in enumerate(names):
+            excess, worst = excesses[i]
+            # (a NaN difference is a NaN relative one too: both maxima NaN, as `compare_output` sets them)
+            req_abs, req_rel = float(abs_max[i]), float(rel_max[i])
+            mismatches = int(sizes[i] - fine[i])
+            out[name] = OutputComparison(
+                name, mismatches == 0, "elemwise", atol, rtol, req_abs, req_rel, {"max": float(abs_max[i])},
+                {"max": float(rel_max[i])}, {}, _golden_summary(golden[name]), mismatches, int(sizes[i]),
+                excess=max(0.0, excess), margin=m, worst_index=worst, lean=True)
+    return out
 
 
 _CHUNK = 1 << 16  # elements per step of the derived arrays: under a MB of work arrays whatever the output's size
@@ -458,6 +509,39 @@ def _excess_at(ad: np.ndarray, rd: np.ndarray, atol: float, rtol: float,
         value, at = _excess64(ad[near], rd[near], atol, rtol)
         return value, int(near[at]) if near.size else 0
     return _excess64(ad, rd, atol, rtol)
+
+
+def _excesses_at(ad: np.ndarray, rd: np.ndarray, atol: float, rtol: float, starts: np.ndarray,
+                 sizes: np.ndarray) -> list[tuple[float, int]]:
+    """`_excess_at` of each output laid end to end in float32 `ad` and `rd` (output i at starts[i], sizes[i]
+    elements), in one pass over them: the float32 ratios whole, each output's maximum by `reduceat`, the
+    elements near it in float64 (`_excess64`'s formula), and each output's largest among those and its first
+    index. An output whose maximum is NaN, inf or tiny — or tolerances outside the float32 path's range — takes
+    `_excess_at` itself, on its view: the same number and index either way."""
+    bounds = [(int(lo), int(lo + n)) for lo, n in zip(starts, sizes)]
+    if not (1e-30 < atol < 1e30 and 1e-30 < rtol < 1e30):
+        return [_excess_at(ad[lo:hi], rd[lo:hi], atol, rtol) for lo, hi in bounds]
+    fast = np.multiply(ad, np.float32(1.0 / atol))
+    np.minimum(fast, np.multiply(rd, np.float32(1.0 / rtol)), out=fast)
+    top = np.maximum(np.maximum.reduceat(fast, starts), np.float32(0.0))  # fast.max(initial=0) per output
+    regular = (top >= _F32_SAFE_LOW) & (top < np.inf)  # (False at NaN)
+    # NaN where irregular: no element compares >= it, so none of those outputs' elements is taken here
+    floor = np.where(regular, top * np.float32(1 - 1e-5), np.float32(np.nan)).astype(np.float32)
+    near = np.flatnonzero(fast >= np.repeat(floor, sizes))
+    out: list[tuple[float, int] | None] = [None] * len(bounds)
+    if near.size:
+        per = np.minimum(_ratio(ad[near], atol), np.where(np.isnan(rd[near]), np.inf, _ratio(rd[near], rtol)))
+        owner = np.searchsorted(starts, near, side="right") - 1
+        runs = np.flatnonzero(np.concatenate(([True], owner[1:] != owner[:-1])))  # each regular output's first
+        best = np.maximum.reduceat(per, runs)
+        lengths = np.diff(np.concatenate((runs, [near.size])))
+        places = np.where(per == np.repeat(best, lengths), np.arange(near.size), near.size)
+        first = np.minimum.reduceat(places, runs)  # the first element with its output's largest excess
+        for r, at in zip(runs, first):
+            i = int(owner[r])
+            out[i] = (float(max(per[at], 0.0)), int(near[at] - starts[i]))
+    return [hit if hit is not None else _excess_at(ad[lo:hi], rd[lo:hi], atol, rtol)
+            for hit, (lo, hi) in zip(out, bounds)]
 
 
 def _excess64(ad: np.ndarray, rd: np.ndarray, atol: float, rtol: float) -> tuple[float, int]:

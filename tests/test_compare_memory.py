@@ -338,3 +338,70 @@ def test_the_headroom_of_a_model_with_an_exact_integer_output_is_its_float_outpu
     c = json.loads((tmp_path / "o" / "constraints.json").read_text())
     assert c["outputs"]["idx"]["passed"] and c["outputs"]["idx"]["excess"] == 0.0  # argmax is always 0 here
     assert c["headroom"] == pytest.approx(1 - c["outputs"]["y"]["excess"])  # was None: the int output's inf
+
+
+def _fields(c: compare.OutputComparison) -> str:
+    """Everything a comparison holds, NaN-safe (json spells NaN), plus the worst element's index."""
+    import json
+
+    return json.dumps([c.to_json(), c.worst_index, c.passed, c.excess], sort_keys=True, default=float)
+
+
+@pytest.mark.parametrize("margin", [1.0, 0.9])
+def test_many_small_outputs_judged_together_are_each_judged_as_alone(margin):
+    """A search's lean comparisons of many small outputs run together (`_lean_together`): every output's
+    comparison is the one `compare_output` gives it alone, field for field and bit for bit, with NaN, inf, -0.0
+    and zero goldens, outputs that pass and fail, per-output tolerances (two groups and a lone one), and outputs
+    the together path must leave alone (float16, int64, a mean check, a shape mismatch, one over the size limit,
+    an empty one) in between."""
+    rng = np.random.default_rng(7)
+    for trial in range(8):
+        gold, act, atol, rtol, stat = {}, {}, {}, {}, {}
+        for i in range(23):
+            shape = tuple(int(s) for s in rng.integers(1, 9, size=int(rng.integers(0, 4))))
+            g = (rng.standard_normal(shape) * 10.0 ** rng.integers(-3, 3)).astype(np.float32)
+            a = (g + rng.standard_normal(shape) * 10.0 ** -rng.integers(1, 6)).astype(np.float32)
+            if g.size > 2 and i % 3 == 0:
+                g.reshape(-1)[0], g.reshape(-1)[1] = 0.0, -0.0
+            if g.size > 1 and i % 5 == trial % 5:
+                a.reshape(-1)[-1] = [np.nan, np.inf, -np.inf, 0.0, g.reshape(-1)[-1]][trial % 5]
+            if i % 7 == 6:
+                a = a.astype(np.float16) if trial % 2 else a.astype(np.int64)
+            name = f"out {i}"
+            gold[name], act[name] = g, a
+            atol[name], rtol[name] = (1e-3, 1e-3) if i % 4 else (1e-2, 0.0)
+            stat[name] = "mean" if i == 9 else "elemwise"
+        act["out 11"] = act["out 11"].reshape(-1)[:1] if act["out 11"].size > 1 else np.zeros(3, np.float32)
+        gold["big"] = rng.standard_normal(compare._TOGETHER_MAX + 1).astype(np.float32)
+        act["big"] = gold["big"] + np.float32(1e-4)
+        gold["empty"], act["empty"] = np.zeros((0, 4), np.float32), np.zeros((0, 4), np.float32)
+        gold["same"] = rng.standard_normal((3, 5)).astype(np.float32)
+        act["same"] = gold["same"].copy()  # excess 0: `_excess_at`'s own path
+        # several elements within 1e-5 of the largest float32 ratio, the largest in float64 not the first of them
+        gold["ties"] = np.ones(6, np.float32)
+        act["ties"] = np.array([1, 1.05, np.nextafter(np.float32(1.05), np.float32(2)), 1.05, 1, 1], np.float32)
+        atol["lone"], rtol["lone"] = 5e-2, 5e-2
+        gold["lone"] = rng.standard_normal(6).astype(np.float32)
+        act["lone"] = gold["lone"] * np.float32(1.01)
+        tol = Tolerance(atol=PerOutput(1e-3, atol), rtol=PerOutput(1e-3, rtol),
+                        stat=PerOutput("elemwise", stat), margin=margin)
+        together = compare.compare_outputs(act, gold, tol, lean=True)
+        assert list(together) == list(gold)
+        for name in gold:
+            alone = compare_output(name, act[name], gold[name], tol, lean=True)
+            assert _fields(together[name]) == _fields(alone), (trial, name)
+        assert any(not c.passed for c in together.values()) and any(c.passed for c in together.values())
+
+
+def test_outputs_judged_together_take_a_few_numpy_calls_not_a_comparison_each(monkeypatch):
+    """The reason the together path exists: 60 small outputs are judged without 60 calls of `compare_output`."""
+    calls = []
+    real = compare.compare_output
+    monkeypatch.setattr(compare, "compare_output", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+    rng = np.random.default_rng(3)
+    gold = {f"t{i}": rng.standard_normal((4, 16)).astype(np.float32) for i in range(60)}
+    act = {k: v + np.float32(1e-4) for k, v in gold.items()}
+    out = compare.compare_outputs(act, gold, _tol("elemwise"), lean=True)
+    assert len(out) == 60 and all(c.passed and c.lean for c in out.values()) and not calls
+    compare.compare_outputs(act, gold, _tol("elemwise"))  # a full comparison (a report's) goes one by one
+    assert len(calls) == 60
