@@ -296,6 +296,9 @@ def models(tmp: Path, large: bool = False, diffuse: bool = False) -> list[tuple]
     # twentieth round: a long diffuse search (1653 evaluations, plans of ~270-1200 FP32 nodes) on a model whose
     # inference is tiny: what the search remembers of each plan it asked is what its memory grows with
     gen.append(("matmul-tanh chain 1200, 1e-3", scale.matmul_chain_model(600), ["--atol", "1e-3", "--rtol", "1e-3"], {}))
+    # thirty-fifth round: the same chain with every tenth Tanh a graph output (60 small outputs)
+    gen.append(("matmul-tanh chain 1200, 60 outputs, 1e-3", scale.matmul_chain_model(600, output_every=10),
+                ["--atol", "1e-3", "--rtol", "1e-3"], {}))
     conv, _ = emulate_speed.build_model(16, 144, 64)
     gen.append(("conv 16x64 144²", conv, ["--atol", "1e-2", "--rtol", "1e-2"], {}))
     wide, _ = emulate_speed.build_model(16, 56, 256)  # 38 MB of Conv weights: ORT's per-session copies of them weigh
