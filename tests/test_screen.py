@@ -21,6 +21,13 @@ from bisector.values import PerOutput
 B, D = 6, 48
 
 
+@pytest.fixture(autouse=True)
+def _screen_small_tensors(monkeypatch):
+    """These models' tensors are a few KB, below the size from which the emulator says screening pays
+    (`EmulateBackend.screen_pays`): screening is tested on them with that floor at 0, and the floor itself below."""
+    monkeypatch.setattr(EmulateBackend, "SCREEN_FROM_BYTES", 0)
+
+
 def _model(mix_batch: bool = False) -> onnx.ModelProto:
     """x [B, D] -> MatMul, Tanh, MatMul, Add, MatMul (and, with `mix_batch`, + the mean over the batch)."""
     rng = np.random.default_rng(0)
@@ -350,3 +357,26 @@ def test_a_resumed_search_reads_screened_verdicts_from_the_journal(tmp_path):
     want = {v.fp32: v.excess for v in whole}
     assert all(_known_excess(again, s) == want[s] for s in marked)
     assert again.screen.screened == 0
+
+
+def test_a_batch_of_small_tensors_is_judged_whole_and_one_of_large_tensors_is_screened(monkeypatch, caplog):
+    """Judging an item first saves compute, not the per-block calls: where the batch's block-boundary tensors
+    average under SCREEN_FROM_BYTES (the default, 64 KiB) every plan is judged whole, with the same verdicts and
+    one batch run per plan; a batch whose tensors are larger is screened as before. Decided from sizes alone."""
+    import logging
+
+    monkeypatch.setattr(EmulateBackend, "SCREEN_FROM_BYTES", 64 << 10)
+    cat, feeds, golden = _job(_model())
+    tol = _tolerance()
+    whole, wb, _ = _verdicts(cat, feeds, golden, tol, screen=False)
+    with caplog.at_level(logging.INFO, logger="bisector"):
+        small, sb, oracle = _verdicts(cat, feeds, golden, tol, screen=True)
+    assert [v.passed for v in small] == [v.passed for v in whole]
+    assert not oracle.screen.enabled and oracle.screen.screened == 0
+    assert sb.batches == wb.batches  # the whole batch, once per plan: no item runs
+    assert "screening off" in caplog.text
+    assert not sb.screen_pays(feeds[0])
+    monkeypatch.setattr(EmulateBackend, "SCREEN_FROM_BYTES", 1024)  # these tensors: 6 x 48 x 4 = 1152 bytes
+    assert sb.screen_pays(feeds[0])
+    screened, _, oracle = _verdicts(cat, feeds, golden, tol, screen=True)
+    assert [v.passed for v in screened] == [v.passed for v in whole] and oracle.screen.screened > 0

@@ -19,6 +19,9 @@ When it applies:
   that mixes its items, e.g. by batch statistics, or cannot run on one item, is judged whole as before);
 - the first failure found on an item is also judged on the whole batch, and screening stops for the search (with
   a warning) unless the batch fails too with at least the item's excess;
+- the backend says a run on part of the batch can cost less (`screen_pays`: on the emulator, block-boundary
+  tensors of 64 KiB and up on average; below that each block's ONNX Runtime call is the cost, whatever the
+  batch, and a screen that passes is a second run for nothing);
 - it pays: where the failures spread over the items, a screen that passes before a failing batch costs a run
   for nothing, so screening stops once fewer than HIT_RATE of the failing plans failed on their screen (after
   MIN_OUTCOMES of them). Measured on six searches at batch 8 (docs/benchmarks.md, "Scale, fourteenth round"):
@@ -172,6 +175,12 @@ class Screen:
         if (s, i) not in self._parts:
             self._parts[(s, i)] = None
             feeds, gold = self.feeds_list[s], self.golden[s]
+            pays = getattr(self.backend, "screen_pays", None)
+            if pays is not None and not pays(feeds):
+                self.stop()
+                log.info("screening off: the batch's tensors are small enough that a run on part of it costs "
+                         "what the whole batch costs")
+                return None
             b = self._batch(s) or 0
             for m in SIZES:
                 if m >= b:

@@ -33,6 +33,12 @@ class EmulateBackend:
     # A run on one item of a batch computes what the batch run computes at that item (ORT's CPU kernels choose
     # their algorithm from shapes, not values; bisector.search.screen checks it per model and item, bit for bit)
     screens_items = True
+    # Judging an item first saves its share of each block's compute; each block's ONNX Runtime call costs the
+    # same either way. Where the tensors crossing block boundaries average under this many bytes in the batch's
+    # FP32 reference, the calls are the run: a 60-output chain on a 4 x 16 batch took 77 s screened and 59 s
+    # judging whole batches (docs/benchmarks.md, "Scale, thirty-fifth round"). Decided from sizes, not timings:
+    # the same on every machine.
+    SCREEN_FROM_BYTES = 64 << 10
 
     def __init__(self, threads: int = 0, reference_cache_size: int = 8, block_size: int | None = None,
                  arithmetic: str = "storage", storage: str = "fp16"):
@@ -133,6 +139,18 @@ class EmulateBackend:
         tensors = self._evaluate(plan, feeds, fused=fused)
         names = list(outputs) if outputs is not None else self.catalog.output_names
         return {n: tensors[n] for n in names}
+
+    def screen_pays(self, feeds: Mapping[str, np.ndarray]) -> bool:
+        """Whether judging part of this batch first can cost less than the batch (bisector.search.screen): the
+        tensors between its blocks (the FP32 reference a search reads, graph outputs included) average at least
+        SCREEN_FROM_BYTES."""
+        executor = self.executor
+        if executor is None or not executor.blocks:
+            return True
+        ref = self._boundary_reference(feeds)
+        computed = ref.computed_bytes(set(executor.weights) | set(feeds)) if hasattr(ref, "computed_bytes") else 0
+        tensors = sum(1 for k in ref if k not in executor.weights and k not in feeds)
+        return computed >= self.SCREEN_FROM_BYTES * max(tensors, 1)
 
     # ---- extras used by `run --mark-all` and `profile` -------------------------------------------------------
     def reference(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
