@@ -64,17 +64,6 @@ def _log_comb(n: int, k: int) -> float:
 POST_CACHE_SIZE = 64  # posteriors remembered (`_posterior`)
 
 
-class _Posterior(list):
-    """A posterior's (m, weight) pairs, and the P(clean) values computed from it (`_p_clean`), which live and
-    go with it."""
-
-    __slots__ = ("clean",)
-
-    def __init__(self, pairs=()):
-        super().__init__(pairs)
-        self.clean: dict[tuple[int, int], float] = {}
-
-
 class GroupTesting:
     """Adaptive group testing with a 1-minimal, literally verified result.
 
@@ -125,7 +114,7 @@ class GroupTesting:
                 break
         weights = [(m, math.exp(lw - top)) for m, lw in logw]
         z = sum(w for _, w in weights)
-        post = _Posterior((m, w / z) for m, w in weights)
+        post = [(m, w / z) for m, w in weights]
         # A diffuse search visits thousands of (found, undecided) states, each posterior up to `undecided` long
         # (a 1200-node chain: 1.2 M pairs, 51 MB); repeats come from the state just asked, so a few suffice
         if len(self._post_cache) >= POST_CACHE_SIZE:
@@ -135,23 +124,13 @@ class GroupTesting:
 
     @staticmethod
     def _p_clean(post: list[tuple[int, float]], u: int, g: int) -> float:
-        """P(a given group of g undecided nodes holds no culprit). Remembered with the posterior it came from
-        (`_Posterior.clean`): a state's group and split sizes are searched again each time the search is back in
-        it, and this loop over the posterior was the most of group testing's own time on a long diffuse search
-        (a 1200-node chain: 13 k calls, ~5 s)."""
-        memo = getattr(post, "clean", None)
-        if memo is not None:
-            hit = memo.get((u, g))
-            if hit is not None:
-                return hit
+        """P(a given group of g undecided nodes holds no culprit)."""
         total = 0.0
         lg = _lgammas(u + 2)
         for m, w in post:
             if m <= u - g:  # _log_comb(u - g, m) - _log_comb(u, m), inlined (same operations, same order)
                 total += w * math.exp((lg[u - g + 1] - lg[m + 1] - lg[u - g - m + 1])
                                       - (lg[u + 1] - lg[m + 1] - lg[u - m + 1]))
-        if memo is not None:
-            memo[(u, g)] = total
         return total
 
     def _closest_half(self, f: Callable[[int], float], lo: int, hi: int) -> int:

@@ -269,20 +269,3 @@ def test_group_testings_cached_log_binomials_are_the_direct_formulas_bit_for_bit
         for size in {1, u, rng.randint(1, u)}:
             direct = sum(w * math.exp(_log_comb(u - size, m) - _log_comb(u, m)) for m, w in post if m <= u - size)
             assert g._p_clean(post, u, size) == direct
-
-
-def test_p_clean_is_remembered_with_its_posterior_and_equals_a_fresh_computation():
-    """`_p_clean` keeps its values on the posterior they came from (a long diffuse search asks the same state's
-    sizes again and again): every remembered value is the fresh loop's, for every (u, g) asked, including two
-    u's on one posterior; a plain list (no memo) computes each time."""
-    from bisector.strategies.gt import GroupTesting
-
-    gt = GroupTesting()
-    post = gt._posterior(300, 12, 200)
-    assert gt._posterior(300, 12, 200) is post  # the cached object: its memo goes with it
-    plain = list(post)
-    for u, g in [(200, 1), (200, 37), (200, 199), (150, 37), (200, 37), (150, 1)]:
-        first = gt._p_clean(post, u, g)
-        assert first == gt._p_clean(plain, u, g)
-        assert post.clean[(u, g)] == first and gt._p_clean(post, u, g) == first
-    assert len(post.clean) == 5 and not hasattr(plain, "clean")
