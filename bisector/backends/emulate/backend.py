@@ -147,10 +147,10 @@ class EmulateBackend:
         executor = self.executor
         if executor is None or not executor.blocks:
             return True
-        ref = self._boundary_reference(feeds)
-        computed = ref.computed_bytes(set(executor.weights) | set(feeds)) if hasattr(ref, "computed_bytes") else 0
-        tensors = sum(1 for k in ref if k not in executor.weights and k not in feeds)
-        return computed >= self.SCREEN_FROM_BYTES * max(tensors, 1)
+        ref = self._boundary_reference(feeds)  # a ReferenceStore: sizes without reading spilled tensors back
+        given = set(executor.weights) | set(feeds)
+        tensors = sum(1 for k in ref if k not in given)
+        return ref.computed_bytes(given) >= self.SCREEN_FROM_BYTES * max(tensors, 1)
 
     # ---- extras used by `run --mark-all` and `profile` -------------------------------------------------------
     def reference(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
