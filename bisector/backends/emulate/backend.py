@@ -21,6 +21,7 @@ import onnxruntime as ort
 from bisector import __version__
 from bisector.model.catalog import Catalog
 from bisector.backends.emulate.executor import NodeExecutor, Overlay
+from bisector.backends.emulate.reference import ReferenceStore
 from bisector.fp16 import rules
 from bisector.fp16.arithmetic import check_mode, rules_tag
 from bisector.fp16.plan import Plan
@@ -51,8 +52,8 @@ class EmulateBackend:
         self.reference_cache_size = reference_cache_size
         self.catalog: Catalog | None = None
         self.executor: NodeExecutor | None = None
-        self._references: dict[str, dict[str, np.ndarray]] = {}
-        self._boundaries: dict[str, dict[str, np.ndarray]] = {}
+        self._references: dict[str, ReferenceStore] = {}
+        self._boundaries: dict[str, ReferenceStore] = {}
         self._feeds_keys: dict[int, tuple[Mapping[str, np.ndarray], str]] = {}
         self._reference_lock = threading.Lock()  # evaluation threads: one FP32 reference per feeds, computed once
 
@@ -147,13 +148,13 @@ class EmulateBackend:
         executor = self.executor
         if executor is None or not executor.blocks:
             return True
-        ref = self._boundary_reference(feeds)  # a ReferenceStore: sizes without reading spilled tensors back
+        ref = self._boundary_reference(feeds)  # sizes without reading spilled tensors back
         given = set(executor.weights) | set(feeds)
         tensors = sum(1 for k in ref if k not in given)
         return ref.computed_bytes(given) >= self.SCREEN_FROM_BYTES * max(tensors, 1)
 
     # ---- extras used by `run --mark-all` and `profile` -------------------------------------------------------
-    def reference(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def reference(self, feeds: Mapping[str, np.ndarray]) -> ReferenceStore:
         """All tensors of the FP32 run for these feeds (computed once per distinct feeds)."""
         key = self._feeds_key(feeds)
         ref = self._references.get(key)
@@ -201,7 +202,7 @@ class EmulateBackend:
         self._feeds_keys[id(feeds)] = (feeds, key)  # holding `feeds` keeps its id from being reused
         return key
 
-    def _boundary_reference(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _boundary_reference(self, feeds: Mapping[str, np.ndarray]) -> ReferenceStore:
         """What fused evaluation reads: the FP32 tensors crossing block boundaries (the full reference if known)."""
         key = self._feeds_key(feeds)
         ref = self._references.get(key) or self._boundaries.get(key)
