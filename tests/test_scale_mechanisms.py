@@ -850,9 +850,10 @@ def test_a_golden_outputs_summary_is_computed_once_while_it_lives(monkeypatch):
 
 
 def test_arena_shrink_changes_no_result_and_waits_for_growth(monkeypatch):
-    """BISECTOR_ARENA_SHRINK_MB: the shared arena gives memory back after block runs with inputs that large once
-    the process has grown past SHRINK_ABOVE x its peak before the search: the outputs are the same bit for bit;
-    off by default, and a process that has not grown never shrinks."""
+    """The shared arena gives memory back after block runs with inputs that large once the process has grown past
+    its level: by default the guard's (GUARD x its peak before the search, inputs of GUARD_FROM_MB or more), with
+    BISECTOR_ARENA_SHRINK_MB=M from M MB at SHRINK_ABOVE x, never with M < 0. The outputs are the same bit for bit,
+    and a process that has not grown never shrinks."""
     import bisector.backends.emulate.executor as ex
 
     cat = Catalog.load(PLANTED)
@@ -865,35 +866,98 @@ def test_arena_shrink_changes_no_result_and_waits_for_growth(monkeypatch):
         calls.append(shrink)
         return real(self, key, sess, outputs, feed, shrink)
 
+    def backend(grown: bool) -> EmulateBackend:
+        be = EmulateBackend(block_size=16)
+        be.open(cat)
+        if grown:
+            be.executor._shrink_above = 0  # the process counts as grown past the level
+        calls.clear()
+        return be
+
     monkeypatch.setattr(ex.NodeExecutor, "_run", spy)
-    plain = EmulateBackend(block_size=16)
-    plain.open(cat)
+    monkeypatch.delenv("BISECTOR_ARENA_SHRINK_MB", raising=False)
+    plain = backend(grown=False)
     expected = [plain.run(p, x)["y"] for p in plans]
-    assert calls and not any(calls)  # off by default
-    calls.clear()
-    monkeypatch.setenv("BISECTOR_ARENA_SHRINK_MB", "0")
-    grown_not = EmulateBackend(block_size=16)
-    grown_not.open(cat)
+    assert calls and not any(calls)  # the guard: the planted model's search never grows past GUARD x its peak
+    grown = backend(grown=True)
     for p in plans:
-        grown_not.run(p, x)
-    assert calls and not any(calls)  # the planted model's search never grows past 1.25 x the process's peak
-    calls.clear()
-    monkeypatch.setenv("BISECTOR_ARENA_SHRINK_MB", "0")  # every block run qualifies by size...
-    shrinking = EmulateBackend(block_size=16)
-    shrinking.open(cat)
-    shrinking.executor._shrink_above = 0  # ...and the process counts as grown
-    got = [shrinking.run(p, x)["y"] for p in plans]
+        grown.run(p, x)
+    assert calls and not any(calls)  # grown, but its blocks' inputs (4 KB) are under GUARD_FROM_MB
+    monkeypatch.setattr(ex, "GUARD_FROM_MB", 0.0)
+    got = [backend(grown=True).run(p, x)["y"] for p in plans]
     assert calls and all(calls)
     for e, g in zip(expected, got):
         np.testing.assert_array_equal(e, g)
-    calls.clear()
-    monkeypatch.setenv("BISECTOR_ARENA_SHRINK_MB", "-1")  # off
-    off = EmulateBackend(block_size=16)
-    off.open(cat)
-    off.executor._shrink_above = 0
+    monkeypatch.setenv("BISECTOR_ARENA_SHRINK_MB", "0")
+    for p in plans:
+        backend(grown=False).run(p, x)
+    assert calls and not any(calls)  # every block run qualifies by size, but the process has not grown
+    got = [backend(grown=True).run(p, x)["y"] for p in plans]
+    assert calls and all(calls)
+    for e, g in zip(expected, got):
+        np.testing.assert_array_equal(e, g)
+    monkeypatch.setenv("BISECTOR_ARENA_SHRINK_MB", "-1")  # never
+    off = backend(grown=True)
     for p in plans:
         off.run(p, x)
     assert calls and not any(calls)
+
+
+def test_the_arena_guard_sits_above_the_level_where_fed_weights_go_back(monkeypatch):
+    """The levels are factors of the process's peak before the search: fed weights' pages go back past
+    SHRINK_ABOVE x it, the arena's chunks past GUARD x it by default (a later, rarer step: each shrink costs the
+    next runs their allocations), past SHRINK_ABOVE x it with BISECTOR_ARENA_SHRINK_MB."""
+    import bisector.backends.emulate.executor as ex
+
+    monkeypatch.setattr(ex, "_peak_rss_bytes", lambda: 400 << 20)
+    monkeypatch.delenv("BISECTOR_ARENA_SHRINK_MB", raising=False)
+    be = EmulateBackend(block_size=16)
+    be.open(Catalog.load(PLANTED))
+    assert be.executor._release_above == pytest.approx(ex.SHRINK_ABOVE * (400 << 20))
+    assert be.executor._shrink_above == pytest.approx(ex.GUARD * (400 << 20))
+    assert be.executor._shrink_above > be.executor._release_above
+    assert be.executor._shrink_from == ex.GUARD_FROM_MB * 2**20
+    monkeypatch.setenv("BISECTOR_ARENA_SHRINK_MB", "2")
+    be2 = EmulateBackend(block_size=16)
+    be2.open(Catalog.load(PLANTED))
+    assert be2.executor._shrink_above == pytest.approx(ex.SHRINK_ABOVE * (400 << 20))
+    assert be2.executor._shrink_from == 2 * 2**20
+    monkeypatch.setenv("BISECTOR_ARENA_SHRINK_MB", "lots")  # not a number: the guard, as unset
+    be3 = EmulateBackend(block_size=16)
+    be3.open(Catalog.load(PLANTED))
+    assert be3.executor._shrink_above == pytest.approx(ex.GUARD * (400 << 20))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the peak is recorded where ru_maxrss is in KiB")
+def test_the_golden_inference_peak_travels_with_the_cache_to_the_emulators_levels(tmp_path):
+    """A search on cached goldens guards memory at the level of the process that computed them (its peak just after
+    the FP32 reference run), not at what this process's imports took: the arena guard would otherwise shrink
+    after every large block run of every cached rerun. A stored value that is not a positive integer is ignored,
+    and the outputs are still used (it sets a memory level, never a verdict)."""
+    import bisector.backends.emulate.executor as ex
+    from bisector.app.job import open_job
+
+    flags = dict(val_range=["x:[0,1]"], atol=0.1, cache_dir=tmp_path / "cache")
+    first = open_job(PLANTED, canary=False, **flags)
+    assert first.golden.source == "computed" and first.golden.peak_bytes > 0
+    first.close()
+    (entry,) = (tmp_path / "cache" / "golden").glob("*.npz")
+    with np.load(entry) as data:
+        arrays = dict(data)
+    assert int(arrays["__peak__"]) == first.golden.peak_bytes
+    for stored, expected in ((1 << 40, 1 << 40), ("lots", None), (-5, None)):
+        arrays["__peak__"] = np.array(stored)
+        np.savez(entry, **arrays)
+        job = open_job(PLANTED, canary=False, **flags)
+        try:
+            assert job.golden.source == "cache" and job.golden.peak_bytes == expected
+            level = job.backend.executor._shrink_above
+            if expected:
+                assert level == pytest.approx(ex.GUARD * expected)
+            else:  # unknown: this process's own peak so far
+                assert level == pytest.approx(ex.GUARD * ex._peak_rss_bytes(), rel=0.2) and level < 1 << 40
+        finally:
+            job.close()
 
 
 def test_an_api_search_runs_before_pydantic_is_imported(tmp_path):

@@ -186,7 +186,7 @@ def test_the_emulator_gives_back_what_each_build_and_run_read(tmp_path, monkeypa
         be = EmulateBackend(block_size=2)
         be.open(cat)
         ex = be.executor
-        ex._shrink_above = 0 if grown else 1 << 62
+        ex._release_above = 0 if grown else 1 << 62
         for plan in _all_plans(cat):
             be.run(plan, x)
         ids = {id(a) for a in released}

@@ -125,6 +125,9 @@ def build_job(model: Path, inputs: Inputs, tolerances: Tolerances, backend: Back
         run_canary(make_backend)
     made = make_backend()
     made.open(catalog)
+    expect = getattr(made, "expect_inference_peak", None)  # the emulator's memory levels (arena guard)
+    if callable(expect):
+        expect(golden.peak_bytes)
     warn_unsplit_branches(catalog, unjudged_branches(catalog, made))
     warn_recurrent(catalog, made)
     return Job(catalog, feeds_list, golden, tolerance, made, info, cache_dir)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -31,6 +32,9 @@ log = logging.getLogger("bisector")
 GOLDEN_FORMAT = "golden-v3"  # v2: each entry carries a checksum of its arrays (`_DIGEST`); v3: not from a session
 # whose shared weights the transpose optimizer had rewritten (`weights.share_into`: such goldens could be wrong)
 _DIGEST = "__digest__"
+# The computing process's peak RSS, beside the arrays: not covered by the checksum, and a value that is not a
+# positive integer is ignored (it sets memory levels, never a verdict)
+_PEAK = "__peak__"
 
 
 @dataclass
@@ -41,6 +45,10 @@ class Golden:
     seconds: float
     path: Path | None = None
     runner: str | None = None  # the runner of a --load-outputs file that made these outputs
+    # Peak resident memory (bytes) of the process that ran the FP32 reference model, just after: about one plain
+    # inference (issue 14's yardstick). Kept with a cached entry; the emulator's memory levels start from it
+    # (`EmulateBackend.expect_inference_peak`). None: not known (a --load-outputs file, an older cache entry).
+    peak_bytes: int | None = None
 
     def __post_init__(self) -> None:
         # Reference data: read-only, so nothing can change it under a search (and the comparator may keep a
@@ -100,10 +108,11 @@ def get_golden(
                 with np.load(path, allow_pickle=False) as data:  # one array in memory at a time
                     outs = [{k: spill(data[f"{i}/{k}"]) for k in catalog.output_names} for i in range(len(feeds_list))]
                     stored = str(data[_DIGEST][()]) if _DIGEST in data.files else None
+                    peak = _stored_peak(data[_PEAK]) if _PEAK in data.files else None
                 # the entry's own checksum: a bit flip or an edited file (other values, shapes, NaN) is recomputed
                 if stored != inputs_digest(outs):
                     raise ValueError("its checksum does not match its arrays (damaged or edited)")
-                golden = Golden(outs, "cache", 0, 0.0, path)
+                golden = Golden(outs, "cache", 0, 0.0, path, peak_bytes=peak)
                 check_finite(golden)
                 return golden
             except Exception as exc:  # a corrupt cache entry is recomputed, never trusted
@@ -111,11 +120,13 @@ def get_golden(
 
     t0 = time.perf_counter()
     outs = run_reference_model(catalog, feeds_list)
-    golden = Golden(outs, "computed", len(feeds_list), time.perf_counter() - t0, path)
+    golden = Golden(outs, "computed", len(feeds_list), time.perf_counter() - t0, path, peak_bytes=_process_peak())
     check_finite(golden, feeds_list)
     if path is not None:
         arrays = {f"{i}/{k}": v for i, o in enumerate(outs) for k, v in o.items()}
         arrays[_DIGEST] = np.array(inputs_digest(outs))
+        if golden.peak_bytes:
+            arrays[_PEAK] = np.array(golden.peak_bytes, np.int64)
         try:
             write_file_atomic(path, lambda f: np.savez(f, **arrays))  # streamed: no second copy in memory
         except UsageError as exc:  # a cache we cannot write costs time, not correctness
@@ -161,6 +172,26 @@ def run_reference_model(catalog: Catalog, feeds_list: Sequence[Feeds]) -> list[F
         outs.append({k: _own(spill(v)) for k, v in zip(names, values)})
         del values
     return outs
+
+
+def _process_peak() -> int | None:
+    """This process's peak resident memory so far, in bytes (None where the platform does not say in bytes)."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    if not sys.platform.startswith("linux"):
+        return None  # ru_maxrss is in bytes on macOS, KiB on Linux: only the unit known here is recorded
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak) * 1024 if peak > 0 else None
+
+
+def _stored_peak(value: np.ndarray) -> int | None:
+    try:
+        peak = int(np.asarray(value).reshape(()))
+    except (TypeError, ValueError):
+        return None
+    return peak if 0 < peak < 1 << 50 else None
 
 
 def _own(a: np.ndarray) -> np.ndarray:

@@ -120,6 +120,13 @@ class EmulateBackend:
         finally:
             executor.keep_variants, executor.release_fed = before
 
+    def expect_inference_peak(self, peak_bytes: int | None) -> None:
+        """The peak resident memory of the process that computed the golden outputs (bytes; None: unknown): the
+        memory levels the executor keeps to (`NodeExecutor.set_baseline`) start from it where this process's own
+        peak is lower, as it is where the goldens came from the cache."""
+        if self.executor is not None:
+            self.executor.set_baseline(peak_bytes)
+
     def forget(self, feeds: Mapping[str, np.ndarray]) -> None:
         """Drop the FP32 references of these feeds (the ranking's batch sample, bisector.search.vector_ranking:
         asked for a while, then never again; kept, they would hold memory and a place in the bounded caches)."""

@@ -118,10 +118,11 @@ class NodeExecutor:
         # True: every run gives back the pages of the weights it was fed, whatever the process's size (runs asked
         # once after the search: `EmulateBackend.once_after_search`)
         self.release_fed = False
-        # The arena gives memory back only where the process has grown past SHRINK_ABOVE x its peak so far (what
-        # loading the model and the golden inference took): see `_SHRINK`
-        self._shrink_above = _peak_rss_bytes() * SHRINK_ABOVE
-        self._shrink_from = _shrink_from_bytes()  # read once: the check runs before every block run
+        # Fed weights' pages go back once the process has grown past SHRINK_ABOVE x its peak so far (what loading
+        # the model and the golden inference took: `_give_back`); the arena gives back its unused chunks past the
+        # guard's level (`_arena_shrink`, `_SHRINK`)
+        self._shrink_from, self._shrink_factor = _arena_shrink()  # read once: the check runs before every block run
+        self.set_baseline(None)
         # Runs on a part of the batch (a screen's item, the ranking's sample) take this many times less time than
         # the batch would: a session's first run there decides its pool as the batch's run would (`_run`)
         self.run_scale = 1.0
@@ -600,6 +601,15 @@ class NodeExecutor:
                                                           shapes=shapes)
         return sess
 
+    def set_baseline(self, inference_peak: int | None) -> None:
+        """Set the levels of `_give_back` and the arena guard from the process's peak before the search, or from
+        `inference_peak` (bytes: the peak of the process that computed the golden outputs, kept with them in the
+        cache) where that is higher: a search on cached goldens then guards at the level its first run did, not
+        at what the imports and the model took."""
+        peak = max(_peak_rss_bytes(), int(inference_peak or 0))
+        self._release_above = peak * SHRINK_ABOVE
+        self._shrink_above = peak * self._shrink_factor
+
     def _run(self, key: tuple, sess: ort.InferenceSession, outputs, feed,
              shrink: bool = False) -> list[np.ndarray]:
         """`sess.run`; after a session's first run, one whose run took POOL_FROM_SECONDS or more on the caller's
@@ -640,7 +650,7 @@ class NodeExecutor:
         peak before the search (below, keeping them costs nothing the budget cares about, and reading them back
         on every run cost the 48-layer model's search 17% of its wall time; docs/benchmarks.md, "Scale,
         seventeenth round")."""
-        if fed and (self.release_fed or _grown_past(self._shrink_above)):
+        if fed and (self.release_fed or _grown_past(self._release_above)):
             _release(fed)
 
     # Evaluation threads (`--workers` on emulate) share these caches: each step below is one dict operation
@@ -927,17 +937,23 @@ def _pooled_input_bytes() -> int:
     return int(float(os.environ.get("BISECTOR_POOLED_INPUT_MB", "1")) * 2**20)
 
 
-# The shared arena extends by exactly what each request needs, so blocks whose activations come in many sizes
-# leave a region per size behind: PP-OCRv4's recogniser at batch 8 held 415 MB over 11 evaluations, 2.2x one
-# plain inference. With BISECTOR_ARENA_SHRINK_MB=M (off by default), after a block run whose inputs reach M MB,
-# in a process that has grown past SHRINK_ABOVE x its peak before the search, the arena frees its unused chunks
-# (ORT's run option; the results are the same). Measured at M = 1 (docs/benchmarks.md, "Scale, tenth round"):
-# the recogniser's whole search 524 -> 471 MB for 111 -> 138 s, YOLOv8n at 4 x 960 x 960 720 -> 685 MB for
-# 14.8 -> 17.8 s: memory for time, so the user's call. Shrinking after every run regardless cost a 12 x 384
-# transformer's diffuse search 27% more time for 2% less memory.
+# The shared arena extends by exactly what each request needs, and keeps every chunk a run asked for: blocks whose
+# activations come in many sizes leave a region per size behind (PP-OCRv4's recogniser at batch 8 held 415 MB
+# over 11 evaluations, 2.2x one plain inference; a VAE decoder's 768² layers took its 3e-3 search to 2.08x).
+# ONNX Runtime can free a run's unused chunks after it (the run option below; the same results), but the next run
+# asks the system for them again: after every block run of 1 MB of inputs or more, a process grown past 1.25x its
+# peak before the search lost 20-24% of its time (docs/benchmarks.md, "Scale, tenth round"). So by default it is
+# a guard: the arena gives back only after a block run of GUARD_FROM_MB of inputs or more that ends with the
+# process above GUARD x its peak before the search (the golden inference's, where the search computed it). A
+# search that stays below pays nothing; one that would climb toward issue 14's bound of 2x one inference drops
+# back to what its live tensors hold (`_arena_shrink`; docs/benchmarks.md, "Scale, thirty-sixth round").
+# BISECTOR_ARENA_SHRINK_MB=M shrinks after block runs of M MB of inputs or more once past SHRINK_ABOVE x that
+# peak (memory for time, the user's call); a negative M never shrinks.
 _SHRINK = ort.RunOptions()
 _SHRINK.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
 SHRINK_ABOVE = 1.25
+GUARD = 1.5
+GUARD_FROM_MB = 1.0
 
 
 def _release(weights: Mapping[str, np.ndarray] | None) -> None:
@@ -949,12 +965,17 @@ def _release(weights: Mapping[str, np.ndarray] | None) -> None:
             pages.release(v)
 
 
-def _shrink_from_bytes() -> float:
+def _arena_shrink() -> tuple[float, float]:
+    """(inputs' bytes from which a block run may shrink the arena, the factor of the pre-search peak RSS above
+    which it does): BISECTOR_ARENA_SHRINK_MB when set (negative: never), else the guard's."""
+    setting = os.environ.get("BISECTOR_ARENA_SHRINK_MB", "").strip()
+    if not setting:
+        return GUARD_FROM_MB * 2**20, GUARD
     try:
-        mb = float(os.environ.get("BISECTOR_ARENA_SHRINK_MB", "-1"))
+        mb = float(setting)
     except ValueError:
-        mb = -1.0
-    return float("inf") if mb < 0 else mb * 2**20
+        return GUARD_FROM_MB * 2**20, GUARD
+    return (float("inf") if mb < 0 else mb * 2**20), SHRINK_ABOVE
 
 
 def _rss_bytes() -> int:
