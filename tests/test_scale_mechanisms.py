@@ -929,18 +929,32 @@ def test_the_arena_guard_sits_above_the_level_where_fed_weights_go_back(monkeypa
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the peak is recorded where ru_maxrss is in KiB")
-def test_the_golden_inference_peak_travels_with_the_cache_to_the_emulators_levels(tmp_path):
+def test_the_golden_inference_peak_travels_with_the_cache_to_the_emulators_levels(tmp_path, monkeypatch):
     """A search on cached goldens guards memory at the level of the process that computed them (its peak just after
-    the FP32 reference run), not at what this process's imports took: the arena guard would otherwise shrink
-    after every large block run of every cached rerun. A stored value that is not a positive integer is ignored,
+    the FP32 reference run, where that run set it), not at what this process's imports took: the arena guard
+    would otherwise shrink after every large block run of every cached rerun. A stored value that is not a positive integer is ignored,
     and the outputs are still used (it sets a memory level, never a verdict)."""
     import bisector.backends.emulate.executor as ex
     from bisector.app.job import open_job
 
+    from bisector.model import golden
+
     flags = dict(val_range=["x:[0,1]"], atol=0.1, cache_dir=tmp_path / "cache")
+    real = golden._process_peak
+    peaks = iter([300 << 20, 300 << 20])  # before and after the reference run: this run did not set the peak
+    monkeypatch.setattr(golden, "_process_peak", lambda: next(peaks))
+    earlier = open_job(PLANTED, canary=False, **{**flags, "cache_dir": tmp_path / "other"})
+    assert earlier.golden.source == "computed" and earlier.golden.peak_bytes is None
+    earlier.close()
+    (entry,) = (tmp_path / "other" / "golden").glob("*.npz")
+    with np.load(entry) as data:
+        assert "__peak__" not in data.files
+    peaks = iter([100 << 20, 200 << 20])  # it did
+    monkeypatch.setattr(golden, "_process_peak", lambda: next(peaks))
     first = open_job(PLANTED, canary=False, **flags)
-    assert first.golden.source == "computed" and first.golden.peak_bytes > 0
+    assert first.golden.source == "computed" and first.golden.peak_bytes == 200 << 20
     first.close()
+    monkeypatch.setattr(golden, "_process_peak", real)
     (entry,) = (tmp_path / "cache" / "golden").glob("*.npz")
     with np.load(entry) as data:
         arrays = dict(data)
