@@ -1,4 +1,4 @@
-"""Process-wide heap setting for the CLI: freed large arrays go back to the system.
+"""Process-wide heap setting for the CLI: freed large arrays go back to the system; the process's peak memory.
 
 glibc serves allocations from 128 KiB up with their own memory maps, returned to the system on free — but after
 the first such block is freed it raises that threshold (up to 32 MiB), so later activations, weight copies and
@@ -55,3 +55,19 @@ def give_back_free_memory() -> bool:
     trim.restype = ctypes.c_int
     trim(0)
     return True
+
+
+def peak_rss_bytes() -> int | None:
+    """This process's peak resident memory so far, in bytes; None where unknown (no `resource` module, or a
+    platform whose `ru_maxrss` unit is not KiB: macOS reports bytes)."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    except OSError:
+        return None
+    return int(peak) * 1024 if peak > 0 else None

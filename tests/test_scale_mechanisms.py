@@ -940,9 +940,11 @@ def test_the_golden_inference_peak_travels_with_the_cache_to_the_emulators_level
     from bisector.model import golden
 
     flags = dict(val_range=["x:[0,1]"], atol=0.1, cache_dir=tmp_path / "cache")
-    real = golden._process_peak
+    import types
+
+    real = golden.heap
     peaks = iter([300 << 20, 300 << 20])  # before and after the reference run: this run did not set the peak
-    monkeypatch.setattr(golden, "_process_peak", lambda: next(peaks))
+    monkeypatch.setattr(golden, "heap", types.SimpleNamespace(peak_rss_bytes=lambda: next(peaks)))
     earlier = open_job(PLANTED, canary=False, **{**flags, "cache_dir": tmp_path / "other"})
     assert earlier.golden.source == "computed" and earlier.golden.peak_bytes is None
     earlier.close()
@@ -950,11 +952,11 @@ def test_the_golden_inference_peak_travels_with_the_cache_to_the_emulators_level
     with np.load(entry) as data:
         assert "__peak__" not in data.files
     peaks = iter([100 << 20, 200 << 20])  # it did
-    monkeypatch.setattr(golden, "_process_peak", lambda: next(peaks))
+    monkeypatch.setattr(golden, "heap", types.SimpleNamespace(peak_rss_bytes=lambda: next(peaks)))
     first = open_job(PLANTED, canary=False, **flags)
     assert first.golden.source == "computed" and first.golden.peak_bytes == 200 << 20
     first.close()
-    monkeypatch.setattr(golden, "_process_peak", real)
+    monkeypatch.setattr(golden, "heap", real)
     (entry,) = (tmp_path / "cache" / "golden").glob("*.npz")
     with np.load(entry) as data:
         arrays = dict(data)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ from typing import Sequence
 import numpy as np
 import onnxruntime as ort
 
-from bisector import ort_pool
+from bisector import heap, ort_pool
 from bisector.model import catalog as _catalog
 from bisector.model import weights as weight_store
 from bisector.files import write_file_atomic
@@ -119,9 +118,9 @@ def get_golden(
                 log.warning("ignoring unreadable golden cache %s (%s)", path, exc)
 
     t0 = time.perf_counter()
-    before = _process_peak()
+    before = heap.peak_rss_bytes()
     outs = run_reference_model(catalog, feeds_list)
-    after = _process_peak()
+    after = heap.peak_rss_bytes()
     # Recorded only where the reference run set the process's peak: a peak earlier work set (another model's
     # search in the same process) says nothing of this model's inference
     peak = after if after is not None and before is not None and after > before else None
@@ -177,18 +176,6 @@ def run_reference_model(catalog: Catalog, feeds_list: Sequence[Feeds]) -> list[F
         outs.append({k: _own(spill(v)) for k, v in zip(names, values)})
         del values
     return outs
-
-
-def _process_peak() -> int | None:
-    """This process's peak resident memory so far, in bytes (None where the platform does not say in bytes)."""
-    try:
-        import resource
-    except ImportError:
-        return None
-    if not sys.platform.startswith("linux"):
-        return None  # ru_maxrss is in bytes on macOS, KiB on Linux: only the unit known here is recorded
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak) * 1024 if peak > 0 else None
 
 
 def _stored_peak(value: np.ndarray) -> int | None:

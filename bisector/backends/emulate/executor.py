@@ -26,7 +26,7 @@ import onnx
 import onnxruntime as ort
 from onnx import helper
 
-from bisector import ort_pool
+from bisector import heap, ort_pool
 from bisector.backends.emulate import shared_parts, tiling
 from bisector.backends.emulate.reference import ReferenceStore, spill_threshold
 from bisector.backends.emulate.shared_parts import type_key
@@ -1000,13 +1000,8 @@ def _grown_past(limit: float) -> bool:
 
 def _peak_rss_bytes() -> int:
     """The process's peak resident memory so far (inf where unknown: never shrinks)."""
-    try:
-        import resource
-
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux (bytes on macOS: never shrinks)
-        return int(peak) * 1024 if peak > 0 else 1 << 62
-    except (ImportError, OSError):
-        return 1 << 62
+    peak = heap.peak_rss_bytes()
+    return peak if peak is not None else 1 << 62
 
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
