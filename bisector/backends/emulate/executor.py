@@ -247,16 +247,18 @@ class NodeExecutor:
         COPIES_BUDGET_MIN of copies) keep a search from rebuilding the variants it cycles through, but they are
         fixed amounts: a model whose weights and activations come to a few MB (a 1.3 MB wake-word CNN, 0.7 ms an
         inference, 63 MB for a plain one) held 128 variants and 25 MB of copies, 2.7x one inference, where 18
-        variants searched as fast (docs/benchmarks.md, "Scale, twenty-second round"). So each floor is at most
-        the model's own size (weights + the reference's tensors) in sessions' worth; the per-block and
-        weight-share terms are as before."""
+        variants searched as fast (docs/benchmarks.md, "Scale, twenty-second round"). So the two floors together
+        are at most the model's own size (weights + the reference's tensors), half each: the variants' own
+        structures and ORT's copies of their weights are both what a kept variant holds. (Each floor at the
+        whole size held the 4.5 MB tiny recogniser's search at 2.03-2.1x its inference; "Scale, thirty-seventh
+        round".) The per-block and weight-share terms are as before."""
         if self._sized is not None and self._sized != (self.max_sessions, self.copies_budget):
             return  # set by hand since (tests, a caller that knows better): kept
-        size = self.weight_bytes + self.reference_bytes
+        share = (self.weight_bytes + self.reference_bytes) // 2
         self.max_sessions = max(SESSIONS_PER_BLOCK * len(self.blocks),
                                 int(SESSIONS_WEIGHT_SHARE * self.weight_bytes) // SESSION_BYTES,
-                                min(MAX_SESSIONS, size // SESSION_BYTES))
-        self.copies_budget = max(self._copies_base, min(COPIES_BUDGET_MIN, size))
+                                min(MAX_SESSIONS, share // SESSION_BYTES))
+        self.copies_budget = max(self._copies_base, min(COPIES_BUDGET_MIN, share))
         self.max_parts = max(MAX_PARTS, PARTS_PER_SESSION * self.max_sessions)
         self._sized = (self.max_sessions, self.copies_budget)
 
@@ -909,7 +911,7 @@ def _numpy_blocks() -> bool:
 # A quarter of the weights, not half: a 12 x 384 transformer's diffuse search (85 MB of weights) kept 277 variants
 # at half, ~200 KB each, and peaked at 308 MB; at a quarter (150: two per block) 291 MB in the same 25 s, the
 # 6 x 384 one unchanged (docs/benchmarks.md, "Scale, thirteenth round").
-# MAX_SESSIONS and COPIES_BUDGET_MIN are floors for models of some size: each is at most the model's own bytes
+# MAX_SESSIONS and COPIES_BUDGET_MIN are floors for models of some size: together at most the model's own bytes
 # (weights + reference tensors; `NodeExecutor._size_caches`), so a model of a few MB is not held at 128 variants.
 MAX_SESSIONS = 128
 SESSIONS_PER_BLOCK = 2
