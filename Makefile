@@ -9,9 +9,15 @@ STAMP := $(VENV)/.installed-stamp
 # driver; the stubs alone are all the type check needs, so they are installed without dependencies.
 STUBS := tensorrt-stubs==10.13.0.35.1
 
-.PHONY: install demo test test-slow bench typecheck fixtures clean
+.PHONY: install bytecode demo test test-slow bench typecheck fixtures clean
 
 install: $(STAMP)
+
+# An editable install leaves bisector's own modules uncompiled, and where PYTHONDONTWRITEBYTECODE is set (many
+# containers, this project's machines) every command compiled them again: ~0.25 s of each start on a 2-core
+# machine (docs/benchmarks.md, "Scale, thirty-seventh round"). Up-to-date files are skipped.
+bytecode: $(STAMP)
+	@$(PY) -m compileall -q bisector strategies
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,20 +26,20 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --no-deps $(STUBS)
 	touch $(STAMP)
 
-demo: $(STAMP)
+demo: bytecode
 	$(VENV)/bin/bisector precision fixtures/needs_constraints.onnx --fp16 --atol 1e-1 --val-range x:[1,2] -o bisector_out
 
-test: $(STAMP)
+test: bytecode
 	$(PY) -m pytest -q -n 2 tests
 	$(MAKE) --no-print-directory typecheck
 
 typecheck: $(STAMP)
 	$(PY) typecheck/check_tensorrt.py
 
-test-slow: $(STAMP)
+test-slow: bytecode
 	$(PY) -m pytest -q -n 2 -m slow tests
 
-bench: $(STAMP)
+bench: bytecode
 	$(PY) bench/strategies.py --quick
 	$(PY) bench/fixture_searches.py
 	$(PY) bench/emulate_speed.py

@@ -371,6 +371,10 @@ def main() -> None:
     a = ap.parse_args()
     import shlex
 
+    # What an installed bisector starts with: its modules compiled (pip compiles a wheel's; an editable install
+    # under PYTHONDONTWRITEBYTECODE recompiled them in every command, ~0.25 s here; "Scale, thirty-seventh round")
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "bisector", "strategies"], cwd=ROOT, check=True)
+
     more = shlex.split(a.args)
     with tempfile.TemporaryDirectory() as td:
         tmp = Path(td)

@@ -7,6 +7,7 @@ instances (already checked) in `opts`. CLI-only flags (output, logging) are decl
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import logging
 import os
@@ -45,10 +46,16 @@ def api_groups() -> tuple[type, ...]:
     return GROUPS + POLYGRAPHY_GROUPS
 
 
+@functools.cache
+def _hints(group: type) -> dict[str, Any]:
+    # once per group, not per field: ~200 fields each resolving their group's string annotations again took
+    # 0.1 s of every command's start (docs/benchmarks.md, "Scale, thirty-seventh round")
+    return typing.get_type_hints(group)
+
+
 def _parameter(group: type, f: dataclasses.Field) -> inspect.Parameter:
     meta = f.metadata
-    hints = typing.get_type_hints(group)
-    cli_type = meta["cli"] or hints[f.name]
+    cli_type = meta["cli"] or _hints(group)[f.name]
     help_text = meta["help"]
     if f.name == "strategy":
         help_text += f" Installed: {_strategies()}."
