@@ -43,6 +43,46 @@ def test_spilled_reference_tensors_give_identical_outputs(monkeypatch):
         np.testing.assert_array_equal(e, g)
 
 
+def test_the_reference_run_reads_only_older_tensors_back_from_its_file(monkeypatch):
+    """Run with every tensor spilled, the FP32 reference passes each block's outputs to the block right after it
+    from memory; only tensors read further on (a skip connection) come back from the file. The reference is
+    the same, bit for bit, as one held in memory."""
+    from onnx import TensorProto, helper
+
+    from bisector.backends.emulate.reference import ReferenceStore
+
+    nodes = [helper.make_node("Relu", ["x"], ["r0"], name="relu")]
+    prev = "r0"
+    for i in range(8):
+        nodes.append(helper.make_node("Tanh", [prev], [f"t{i}"], name=f"tanh{i}"))
+        prev = f"t{i}"
+    nodes.append(helper.make_node("Add", [prev, "r0"], ["y"], name="skip"))
+    graph = helper.make_graph(nodes, "skip", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 64])])
+    cat = Catalog.from_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    x = {"x": np.random.default_rng(1).uniform(-2, 2, (1, 64, 64)).astype(np.float32)}
+    held = EmulateBackend(block_size=2)
+    held.open(cat)
+    want = held.executor.run_reference(x, boundary_only=True)
+    monkeypatch.setenv("BISECTOR_ARRAY_SWAP_THRESHOLD_MB", "0")
+    spilled = EmulateBackend(block_size=2)
+    spilled.open(cat)
+    reads: list[str] = []
+    get = ReferenceStore.__getitem__
+
+    def counting(self, name):
+        if name in self._spilled:
+            reads.append(name)
+        return get(self, name)
+
+    monkeypatch.setattr(ReferenceStore, "__getitem__", counting)
+    got = spilled.executor.run_reference(x, boundary_only=True)
+    assert len(spilled.executor.blocks) >= 4 and got.spilled_bytes > 0
+    assert reads == ["r0"]  # the skip connection, read by the last block; every other input came from memory
+    for k in want:
+        np.testing.assert_array_equal(np.asarray(got[k]), np.asarray(want[k]))
+
+
 def plain_boundary_bytes(backend: EmulateBackend) -> int:
     ref = next(iter(backend._boundaries.values()))
     assert ref.spilled_bytes == 0  # the planted fixture's tensors are below the default 1 MiB threshold

@@ -276,15 +276,29 @@ class NodeExecutor:
             env.hold(k, v)
         for k, v in feeds.items():
             env.hold(k, np.asarray(v))
-        for block in self.blocks:
+        # The last block's outputs, for the block right after it: read here, not back from the file they were just
+        # written to (the 960 x 1920 detector read 63 of them back). Only for the next block: kept until their last
+        # reader, a detector's skip connections held YOLOv8n's batch of four at 1.12 x the peak (read back from
+        # the file instead, as before); "Scale, thirty-seventh round".
+        live: dict[str, np.ndarray] = {}
+        values = Overlay(live, env)
+        for b, block in enumerate(self.blocks):
             if boundary_only and block.fusable:
-                specs = tuple(self.spec(n, None, env) for n in block.nodes)
-                outs = self._run_block(block, [env[t] for t in block.inputs], specs)
+                specs = tuple(self.spec(n, None, values) for n in block.nodes)
+                outs = self._run_block(block, [values[t] for t in block.inputs], specs)
                 env.update(zip(block.outputs, outs))
-                continue
-            for node in block.nodes:
-                outs = self.run_node(node, [env[t] for t in self.catalog.node_inputs(node.name)])
-                env.update(zip(nonempty(node.output), outs))
+                live.update(zip(block.outputs, outs))
+            else:
+                for i, node in enumerate(block.nodes):
+                    outs = self.run_node(node, [values[t] for t in self.catalog.node_inputs(node.name)])
+                    env.update(zip(nonempty(node.output), outs))
+                    live.update(zip(nonempty(node.output), outs))
+                    for t in block.release[i]:
+                        live.pop(t, None)
+            following = self.blocks[b + 1].inputs if b + 1 < len(self.blocks) else ()
+            live = {t: live[t] for t in following if t in live}
+            values = Overlay(live, env)
+        del live, values
         computed = env.computed_bytes(set(self.weights) | set(feeds))
         if computed > self.reference_bytes:  # the caches' floors follow the model's size (`_size_caches`)
             self.reference_bytes = computed
