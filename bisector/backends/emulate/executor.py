@@ -295,10 +295,9 @@ class NodeExecutor:
                     live.update(zip(nonempty(node.output), outs))
                     for t in block.release[i]:
                         live.pop(t, None)
-            following = self.blocks[b + 1].inputs if b + 1 < len(self.blocks) else ()
-            live = {t: live[t] for t in following if t in live}
-            values = Overlay(live, env)
-        del live, values
+            following = set(self.blocks[b + 1].inputs) if b + 1 < len(self.blocks) else set()
+            for t in [t for t in live if t not in following]:
+                del live[t]
         computed = env.computed_bytes(set(self.weights) | set(feeds))
         if computed > self.reference_bytes:  # the caches' floors follow the model's size (`_size_caches`)
             self.reference_bytes = computed
