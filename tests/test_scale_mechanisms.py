@@ -1131,3 +1131,89 @@ def test_a_search_on_the_vae_decoder_bench_model_passes_and_is_one_minimal(tmp_p
     onnx.save(scale.vae_decoder_model(latent=8, channels=(8, 4), groups=4, blocks=1), path)
     r = bisector.precision(path, atol=3e-3, rtol=3e-3, val_range={"z": (-1, 1)}, no_cache=True)
     assert r.passed and r.minimal and r.fp32_nodes
+
+
+def test_block_runs_skip_the_session_wrappers_checks_and_give_the_wrappers_results(monkeypatch):
+    """Block runs call ONNX Runtime's inner runner (the wrapper's per-call checks were 7% of a chain's search): the
+    same outputs as the wrapper's `run`, for every plan; a session without the inner runner gets the wrapper."""
+    import bisector.backends.emulate.executor as ex
+
+    cat = Catalog.load(PLANTED)
+    x = {"x": np.random.default_rng(3).uniform(0, 1, (1, 4, 16, 16)).astype(np.float32)}
+    plans = _plans(cat, 5, seed=4)
+    inner, wrapped = [], []
+    real = ex._ort_run
+
+    def spy(sess, outputs, feed, options):
+        (inner if getattr(sess, "_sess", None) is not None else wrapped).append(1)
+        return real(sess, outputs, feed, options)
+
+    monkeypatch.setattr(ex, "_ort_run", spy)
+    fast = EmulateBackend()
+    fast.open(cat)
+    got = [fast.run(p, x)["y"] for p in plans]
+    assert inner and not wrapped
+
+    class Wrapper:  # a session as an ORT without `_sess` would give it: the public `run`, no inner runner
+        def __init__(self, sess):
+            self.sess = sess
+
+        def __getattr__(self, name):  # what the executor set on the session (fed weights, ...)
+            if name == "_sess":
+                raise AttributeError(name)
+            return getattr(self.sess, name)
+
+        def run(self, outputs, feed, options=None):
+            wrapped.append(1)
+            return self.sess.run(outputs, feed, options)
+
+    build = ex.NodeExecutor._session
+    monkeypatch.setattr(ex.NodeExecutor, "_session", lambda self, *a, **k: Wrapper(build(self, *a, **k)))
+    slow = EmulateBackend()
+    slow.open(cat)
+    inner.clear()
+    expected = [slow.run(p, x)["y"] for p in plans]
+    assert wrapped
+    for e, g in zip(expected, got):
+        np.testing.assert_array_equal(e, g)
+
+
+def test_memory_readings_are_reused_for_a_moment_only(monkeypatch):
+    """The arena guard's readings of resident memory (asked around every block run) are reused for
+    MEMORY_FRESH_S, then read again: a level crossed is seen at the next reading, not never."""
+    import bisector.backends.emulate.executor as ex
+
+    reads = []
+    level = [100]
+
+    def peak() -> int:
+        reads.append(1)
+        return level[0]
+
+    monkeypatch.setattr(ex, "_peak_rss_bytes", peak)
+    monkeypatch.setattr(ex, "_rss_bytes", lambda: level[0])
+    monkeypatch.setattr(ex, "_READINGS", [(-float("inf"), 0), (-float("inf"), 0)])
+    monkeypatch.setattr(ex, "MEMORY_FRESH_S", 0.2)
+    assert not ex._grown_past(150)
+    level[0] = 200
+    assert not ex._grown_past(150)  # the reading from a moment ago
+    assert len(reads) == 1
+    import time
+
+    time.sleep(0.25)
+    assert ex._grown_past(150)  # read again
+    assert len(reads) == 2
+
+
+def test_block_specs_hash_once_and_key_the_caches_as_plain_tuples():
+    """A block variant's specs hash once (they key the session caches on every block run) and are the same key as
+    the plain tuple of the same specs (a reference run builds plain ones)."""
+    from bisector.backends.emulate.executor import _Specs
+    from bisector.fp16.points import Read
+
+    plain = (((Read.ROUND, Read.WEIGHT), (True,)), ((Read.EXACT,), (False,)))
+    specs = _Specs(plain)
+    assert specs == plain and hash(specs) == hash(plain)
+    cache = {("block", 3, plain): "session"}
+    assert cache[("block", 3, specs)] == "session"
+    assert ("block", 3, _Specs(plain[:1])) not in cache

@@ -319,15 +319,16 @@ class NodeExecutor:
         """
         changed: dict[str, np.ndarray] = {}
         fp16 = points.fp16
+        values = Overlay(changed, reference)  # a live view: `changed` grows under it
         for block in self.blocks:
             # set operations in C: asked for every block of every evaluation (a 1200-node chain: 150 per plan)
             touched = not fp16.isdisjoint(block.node_names) or (changed and not changed.keys().isdisjoint(block.inputs))
             if not touched:
                 continue
-            values = Overlay(changed, reference)
             if fused and block.fusable and not (per_node and block.fp32_pair(fp16)):
                 specs = self._block_spec(block, points, values)
-                changed.update(zip(block.outputs, self._run_block(block, [values[t] for t in block.inputs], specs)))
+                changed.update(zip(block.outputs, self._run_block(  # (Overlay's lookup, inline)
+                    block, [changed[t] if t in changed else reference[t] for t in block.inputs], specs)))
                 self._forget_dead(changed, block)
                 continue
             # Node by node. With a boundary-only reference (fused mode) block-internal values are not stored, so
@@ -389,7 +390,7 @@ class NodeExecutor:
         key = (block.index, tuple(map(member, block.node_names)), tuple(map(member, block.input_producers)))
         specs = self._specs.get(key)
         if specs is None:
-            specs = self._specs[key] = tuple(self.spec(n, points, tensors) for n in block.nodes)
+            specs = self._specs[key] = _Specs(self.spec(n, points, tensors) for n in block.nodes)
         return specs
 
     def spec(self, node: onnx.NodeProto, points: RoundingPoints | None, tensors: Mapping[str, np.ndarray]) -> Spec:
@@ -602,6 +603,7 @@ class NodeExecutor:
         # ORT's Python wrapper keeps the serialised graph for a provider fallback a CPU session never takes
         # (`set_providers`, which we never call): ~20 KB per block of a 5000-node chain, 11 MB over its search.
         sess._model_bytes = None  # type: ignore[attr-defined]
+        sess._bisector_outputs = [o.name for o in sess.get_outputs()]  # type: ignore[attr-defined]  # `_ort_run`
         sess._bisector_shared = held  # type: ignore[attr-defined]  # the arrays must outlive the session
         sess._bisector_fed = fed  # type: ignore[attr-defined]  # weights fed on every run (`_run`)
         sess._bisector_converted = sum(int(np.asarray(v).nbytes) for t, v in weights.items()  # type: ignore[attr-defined]
@@ -640,12 +642,12 @@ class NodeExecutor:
         pooled = getattr(sess, "_bisector_pooled", None)
         if pooled is None:
             try:
-                return sess.run(outputs, feed, options)
+                return _ort_run(sess, outputs, feed, options)
             finally:
                 self._give_back(fed)
         t0 = time.perf_counter()
         try:
-            out = sess.run(outputs, feed, options)
+            out = _ort_run(sess, outputs, feed, options)
         finally:
             self._give_back(fed)
         sess._bisector_pooled = None  # type: ignore[attr-defined]
@@ -799,9 +801,10 @@ class NodeExecutor:
         feed = {t: v for t, v in zip(block.inputs, values) if t not in self.weights}
         ident = ("block", block.index)
         key, shapes = self._shaped_key(ident, ("block", block.index, specs), feed)
-        what = f"block {block.index} ({block.nodes[0].name}..{block.nodes[-1].name})"
-        shrink = (self._shrink_from < float("inf") and _grown_past(self._shrink_above)
-                  and sum(int(getattr(v, "nbytes", 0)) for v in feed.values()) >= self._shrink_from)
+        what = block.what
+        shrink = (self._shrink_from < float("inf")
+                  and sum(int(getattr(v, "nbytes", 0)) for v in feed.values()) >= self._shrink_from
+                  and _grown_past(self._shrink_above))
         if shapes is None:  # a part shares or not once for all its variants: its own cache is not asked first
             out = self._run_shared(ident, key, lambda: self.compose(block.nodes, specs), feed, list(block.outputs),
                                    what, lambda: _all_exact(specs), shrink)
@@ -907,6 +910,21 @@ _NUMPY_OPS: dict[str, Callable[..., np.ndarray]] = {
 NUMPY_BLOCK_BYTES = 16 << 10  # above this ORT's vectorised, multi-threaded kernels win; below, its per-session cost
 
 
+class _Specs(tuple):
+    """A block's specs (one `Spec` per node) that hash once. They are part of the block variant's key, which the
+    session caches hash on every block run (twice in the shared parts' LRU alone); a tuple of nested tuples
+    hashes all of them each time: 3% of a chain's search (docs/benchmarks.md, "Scale, thirty-eighth round").
+    Equal to, and hashed as, the plain tuple of the same specs."""
+
+    def __new__(cls, items):
+        self = super().__new__(cls, items)
+        self._hash = tuple.__hash__(self)
+        return self
+
+    def __hash__(self) -> int:
+        return self._hash
+
+
 def _all_exact(specs: tuple) -> bool:
     """Whether a block's specs are the all-FP32 ones: every read exact, no output rounded."""
     return all(r is Read.EXACT for reads, _ in specs for r in reads) and not any(any(o) for _, o in specs)
@@ -1006,11 +1024,41 @@ def _rss_bytes() -> int:
         return 0
 
 
+def _ort_run(sess: ort.InferenceSession, outputs: list[str] | None, feed: Mapping[str, Any],
+             options: Any) -> list:
+    """`sess.run(outputs, feed, options)` without the Python wrapper's checks of each call (every input fed, no
+    OrtValue of another session, no WebGPU capture, the provider fallback): our feeds are the session's own inputs
+    as numpy arrays on a CPU session, so they hold by construction; on a 1200-node chain's search (500 000 block
+    runs) the checks were 7% of its time. An ORT whose session lacks the inner runner gets the wrapper's call."""
+    inner = getattr(sess, "_sess", None)
+    names = outputs or getattr(sess, "_bisector_outputs", None)
+    if inner is None or names is None:
+        return sess.run(outputs, feed, options)
+    return inner.run(names, feed, options)
+
+
 def _grown_past(limit: float) -> bool:
-    """Whether the process's resident memory is now above `limit`. Asked before every block run: the peak so far
+    """Whether the process's resident memory is now above `limit`. Asked around every block run: the peak so far
     (one system call) answers most of them, since memory now cannot be above a peak that is not; /proc is read
-    only past it (reading it twice per block run was 2% of a transformer's search)."""
-    return _peak_rss_bytes() > limit and _rss_bytes() > limit
+    only past it (reading it twice per block run was 2% of a transformer's search). Both readings are reused for
+    MEMORY_FRESH_S: a chain's search asks 500 000 times, 4% of its time (docs/benchmarks.md, "Scale,
+    thirty-eighth round"), and memory a run of less than that grew is seen at the next reading."""
+    return _reading(0, _peak_rss_bytes) > limit and _reading(1, _rss_bytes) > limit
+
+
+MEMORY_FRESH_S = 0.002
+_READINGS: list[tuple[float, int]] = [(-math.inf, 0), (-math.inf, 0)]  # (when, bytes): the peak, the resident
+
+
+def _reading(which: int, read: Callable[[], int]) -> int:
+    """`read()`, or its value from less than MEMORY_FRESH_S ago (evaluation threads may race here: either
+    reading is a correct recent one)."""
+    now = time.perf_counter()
+    when, value = _READINGS[which]
+    if now - when >= MEMORY_FRESH_S:
+        value = read()
+        _READINGS[which] = (now, value)
+    return value
 
 
 def _peak_rss_bytes() -> int:
@@ -1052,6 +1100,7 @@ class _Block:
         self.tile = tile  # a row-local region run a slice of rows at a time (`tiling`), or None
         self._entry = inputs.index(tile.entry) if tile is not None else -1
         self.node_names = tuple(n.name for n in nodes)
+        self.what = f"block {index} ({nodes[0].name}..{nodes[-1].name})"  # for messages (once, not per run)
         self.fusable = fusable
         self.elementwise = fusable and all(  # `_run_block_numpy` can compute it
             n.op_type in _NUMPY_OPS and n.domain in ("", "ai.onnx") and len(n.output) == 1 and all(n.input)
