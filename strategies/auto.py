@@ -103,6 +103,9 @@ class Auto(GroupTesting):
     search's fixed cost — ≥ 16 probes, log2 N prefix steps, one check per prefix member — does not pay there);
     ``nearest_miss`` — with the ``excess`` hint, retry the 1-minimality removals that failed by the least first
     (off: on two generated transformers at tight tolerances it cost 0.59x and 1.76x the evaluations);
+    ``recheck_nearest`` — with ``group_removals`` and the ``excess`` hint, once the cyclic check comes back to
+    members it tried, re-check them nearest miss first (off: docs/benchmarks.md, "Issue 15, thirty-eighth round":
+    on 20 registry cases sets 0.95x on geometric mean at 1.01x the evaluations, but one set 1.5x larger);
     ``group_removals`` — in the cyclic 1-minimality check (one worker), after a removal passes try the next
     members in groups of 2, 4, ... (a failing group goes back to single removals; the final literal check is
     unchanged). On by default since docs/benchmarks.md, "Issue 15, fifth round": on the two generated
@@ -156,6 +159,7 @@ class Auto(GroupTesting):
         predicted_shrink: bool = False,
         diffuse_after_ranked: int = 4,
         near_all: float = 0.05,
+        recheck_nearest: bool = False,
     ) -> None:
         super().__init__(prior_decay, use_scores, power_of_two, smart_split, prior_power)
         self.diffuse_after = diffuse_after
@@ -174,6 +178,7 @@ class Auto(GroupTesting):
         self.predicted_shrink = predicted_shrink
         self.diffuse_after_ranked = diffuse_after_ranked
         self.near_all = near_all  # a passing prefix leaving at most this share FP16: checked member by member
+        self.recheck_nearest = recheck_nearest
         self._switch_after = diffuse_after
         self._model: object = None
 
@@ -747,5 +752,6 @@ class Auto(GroupTesting):
 
     def _one_minimal(self, ask: Asker, s: frozenset[str], order: list[str]) -> frozenset[str]:
         if self.cyclic:
-            return one_minimal_cyclic(ask, s, order, nearest_miss=self.nearest_miss, groups=self.group_removals)
+            return one_minimal_cyclic(ask, s, order, nearest_miss=self.nearest_miss, groups=self.group_removals,
+                                      recheck_nearest=self.recheck_nearest)
         return one_minimal(ask, s, order)
