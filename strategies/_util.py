@@ -316,8 +316,7 @@ def _one_minimal_nearest_miss(ask: Asker, s: frozenset[str], members: list[str])
         first = next((j for j, ok in enumerate(answers) if ok), None)
         for n in chunk[: len(chunk) if first is None else first]:
             failed.add(n)
-            e = ask.excess(s - {n})
-            miss[n] = e if e is not None and e == e else float("inf")
+            miss[n] = _excess_or_inf(ask, s - {n})
         if first is not None:  # later answers of this round were against the old set: stale, not failures
             gone = chunk[first]
             members.remove(gone)
@@ -388,5 +387,6 @@ def _recheck_nearest(ask: Asker, s: frozenset[str], members: list[str], miss: di
 
 
 def _excess_or_inf(ask: Asker, s: frozenset[str]) -> float:
+    """An asked set's excess for ordering the re-checks; inf where the hint has none (or NaN): last."""
     e = ask.excess(s)
     return e if e is not None and e == e else math.inf
