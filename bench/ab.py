@@ -8,7 +8,10 @@ Why pairs: this project's machines drift by up to 3 x between hours (docs/benchm
 round"), so a ratio of runs taken side by side holds where two medians taken an hour apart do not. The peak is the
 operating system's own account of each finished child (``wait4``'s ``ru_maxrss``), as ``/usr/bin/time -v``
 reports it. A command's output goes to ``--log`` (appended; default: discarded). Leading ``NAME=value`` words set
-the environment, as a shell would.
+the environment, as a shell would. ``--together`` starts A and B of each pair at the same moment, each pinned to
+half of the CPUs (swapped every pair): where the machine drifts within minutes, the two then share its state
+(docs/benchmarks.md, "Scale, thirty-eighth round": the same search ranged 18–28 s in turn, the ratios of pairs run
+together 0.92–1.10); each command gets half the cores, which a multi-threaded one will notice.
 """
 
 from __future__ import annotations
@@ -36,19 +39,36 @@ def _split_env(words: list[str]) -> tuple[dict[str, str], list[str]]:
 
 def run_once(words: list[str], log: str | None) -> tuple[float, float, int]:
     """(wall seconds, peak RSS in MiB, exit status) of one run of `words`."""
-    env, argv = _split_env(words)
+    return run_together([words], log, None)[0]
+
+
+def run_together(commands: list[list[str]], log: str | None,
+                 cores: list[set[int]] | None) -> list[tuple[float, float, int]]:
+    """(wall seconds, peak RSS in MiB, exit status) of each command, all started at once; `cores[i]`: the CPUs
+    command i may run on (None: any)."""
     out = open(log, "ab") if log else subprocess.DEVNULL
     try:
-        t0 = time.monotonic()
-        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
-        _, status, usage = os.wait4(proc.pid, 0)
-        wall = time.monotonic() - t0
-        proc.returncode = os.waitstatus_to_exitcode(status)
+        procs = []
+        for i, words in enumerate(commands):
+            env, argv = _split_env(words)
+            pin = cores[i] if cores else None
+            procs.append((subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                           preexec_fn=(lambda c=pin: os.sched_setaffinity(0, c)) if pin else None),
+                          time.monotonic()))
+        done: dict[int, tuple[float, float, int]] = {}
+        started = {proc.pid: t0 for proc, t0 in procs}
+        while len(done) < len(procs):  # whichever ends first is timed when it ends
+            pid, status, usage = os.wait4(-1, 0)
+            if pid not in started:
+                continue
+            peak = usage.ru_maxrss / 1024 if sys.platform.startswith("linux") else usage.ru_maxrss / 2**20
+            done[pid] = (time.monotonic() - started[pid], peak, os.waitstatus_to_exitcode(status))
+        for proc, _ in procs:
+            proc.returncode = done[proc.pid][2]  # (reaped here: Popen must not wait for it again)
     finally:
         if log:
             out.close()  # type: ignore[union-attr]
-    peak = usage.ru_maxrss / 1024 if sys.platform.startswith("linux") else usage.ru_maxrss / 2**20
-    return wall, peak, proc.returncode
+    return [done[proc.pid] for proc, _ in procs]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=0, help="pairs run first and not counted (default 0)")
     ap.add_argument("--b", required=True, help="command B, one string split as a shell splits words")
     ap.add_argument("--log", help="append both commands' output to this file (default: discarded)")
+    ap.add_argument("--together", action="store_true",
+                    help="start A and B of a pair at once, each on half of the CPUs (the halves swap every pair): "
+                         "both see the same hour of the machine; each gets half its cores")
     ap.add_argument("a", nargs=argparse.REMAINDER, help="-- command A")
     args = ap.parse_args(argv)
     a = args.a[1:] if args.a[:1] == ["--"] else args.a
@@ -64,9 +87,17 @@ def main(argv: list[str] | None = None) -> int:
     if not a:
         ap.error("command A is missing (after --)")
     runs: dict[str, list[tuple[float, float, int]]] = {"A": [], "B": []}
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if args.together and len(cpus) < 2:
+        ap.error("--together needs two CPUs or more")
+    halves = [set(cpus[: len(cpus) // 2]), set(cpus[len(cpus) // 2:])]
     for i in range(args.warmup + args.n):
-        for name, words in (("A", a), ("B", b)):
-            result = run_once(words, args.log)
+        if args.together:
+            pinned = halves if i % 2 == 0 else halves[::-1]
+            results = run_together([a, b], args.log, pinned)
+        else:
+            results = [run_once(words, args.log) for words in (a, b)]
+        for name, result in zip("AB", results):
             if i >= args.warmup:
                 runs[name].append(result)
             print(f"{'warm-up' if i < args.warmup else 'pair ' + str(i - args.warmup + 1)} {name}: "
