@@ -913,7 +913,8 @@ NUMPY_BLOCK_BYTES = 16 << 10  # above this ORT's vectorised, multi-threaded kern
 class _Specs(tuple):
     """A block's specs (one `Spec` per node) that hash once. They are part of the block variant's key, which the
     session caches hash on every block run (twice in the shared parts' LRU alone); a tuple of nested tuples
-    hashes all of them each time: 3% of a chain's search (docs/benchmarks.md, "Scale, thirty-eighth round").
+    hashes all of them each time: 3% of a chain's search under a profiler; unprofiled, within the noise
+    (docs/benchmarks.md, "Scale, thirty-eighth round").
     Equal to, and hashed as, the plain tuple of the same specs."""
 
     def __new__(cls, items):
@@ -1029,7 +1030,8 @@ def _ort_run(sess: ort.InferenceSession, outputs: list[str] | None, feed: Mappin
     """`sess.run(outputs, feed, options)` without the Python wrapper's checks of each call (every input fed, no
     OrtValue of another session, no WebGPU capture, the provider fallback): our feeds are the session's own inputs
     as numpy arrays on a CPU session, so they hold by construction; on a 1200-node chain's search (500 000 block
-    runs) the checks were 7% of its time. An ORT whose session lacks the inner runner gets the wrapper's call."""
+    runs) the checks were 7% of its profile (unprofiled, within the noise). An ORT whose session lacks the inner
+    runner gets the wrapper's call."""
     inner = getattr(sess, "_sess", None)
     names = outputs or getattr(sess, "_bisector_outputs", None)
     if inner is None or names is None:
@@ -1041,7 +1043,7 @@ def _grown_past(limit: float) -> bool:
     """Whether the process's resident memory is now above `limit`. Asked around every block run: the peak so far
     (one system call) answers most of them, since memory now cannot be above a peak that is not; /proc is read
     only past it (reading it twice per block run was 2% of a transformer's search). Both readings are reused for
-    MEMORY_FRESH_S: a chain's search asks 500 000 times, 4% of its time (docs/benchmarks.md, "Scale,
+    MEMORY_FRESH_S: a chain's search asks 500 000 times, 4% of its profile (docs/benchmarks.md, "Scale,
     thirty-eighth round"), and memory a run of less than that grew is seen at the next reading."""
     return _reading(0, _peak_rss_bytes) > limit and _reading(1, _rss_bytes) > limit
 
