@@ -115,6 +115,7 @@ class EmulateBackend:
         executor = self.executor
         before = executor.keep_variants, executor.release_fed
         executor.keep_variants, executor.release_fed = False, True
+        executor.drop_plan_states()  # (a search's, of no use to these runs)
         try:
             yield
         finally:
@@ -186,6 +187,7 @@ class EmulateBackend:
         points = rounding_points(self.catalog, plan)
         if not points.fp16:
             return {n: ref[n] for n in names}
+        self.executor.drop_plan_states()  # asked once the search is over: its latest plan is of no use here
         tensors = Overlay(self.executor.run_changed(ref, points, fused=True, per_node=True), ref)
         return {n: tensors[n] for n in names}
 

@@ -27,7 +27,7 @@ import onnxruntime as ort
 from onnx import helper
 
 from bisector import heap, ort_pool
-from bisector.backends.emulate import shared_parts, tiling
+from bisector.backends.emulate import plan_states, shared_parts, tiling
 from bisector.backends.emulate.reference import ReferenceStore, spill_threshold
 from bisector.backends.emulate.shared_parts import type_key
 from bisector.cores import usable_cores
@@ -122,6 +122,8 @@ class NodeExecutor:
         # the model and the golden inference took: `_give_back`); the arena gives back its unused chunks past the
         # guard's level (`_arena_shrink`, `_SHRINK`)
         self._shrink_from, self._shrink_factor = _arena_shrink()  # read once: the check runs before every block run
+        self.plan_states: plan_states.PlanStates | None = None  # recent plans' block outputs (`_new_plan_states`)
+        self._new_plan_states()
         self.set_baseline(None)
         # Runs on a part of the batch (a screen's item, the ranking's sample) take this many times less time than
         # the batch would: a session's first run there decides its pool as the batch's run would (`_run`)
@@ -252,6 +254,7 @@ class NodeExecutor:
         structures and ORT's copies of their weights are both what a kept variant holds. (Each floor at the
         whole size held the 4.5 MB tiny recogniser's search at 2.03-2.1x its inference; "Scale, thirty-seventh
         round".) The per-block and weight-share terms are as before."""
+        self._size_states()
         if self._sized is not None and self._sized != (self.max_sessions, self.copies_budget):
             return  # set by hand since (tests, a caller that knows better): kept
         share = (self.weight_bytes + self.reference_bytes) // 2
@@ -320,7 +323,22 @@ class NodeExecutor:
         changed: dict[str, np.ndarray] = {}
         fp16 = points.fp16
         values = Overlay(changed, reference)  # a live view: `changed` grows under it
-        for block in self.blocks:
+        # A search's plans (not a one-off ranking plan, not the node-by-node second opinion) resume from the latest
+        # plan's tensors at the cut before the first block where they differ, where that is later than their
+        # first FP16 node (`plan_states`); `record` gathers this plan's tensors at the cuts, kept in turn.
+        states = self.plan_states if fused and not per_node and self.keep_variants else None
+        layout = states.layout(reference) if states is not None else None
+        first, record = 0, None
+        if layout is not None:
+            assert states is not None
+            start = states.start(reference, fp16)
+            record = {}
+            if start is not None:
+                first, seed, record = start
+                changed.update(seed)
+        for b, block in enumerate(self.blocks):
+            if b < first:
+                continue  # computes what the kept plan's run did: what crosses the cut is seeded
             # set operations in C: asked for every block of every evaluation (a 1200-node chain: 150 per plan)
             touched = not fp16.isdisjoint(block.node_names) or (changed and not changed.keys().isdisjoint(block.inputs))
             if not touched:
@@ -329,30 +347,39 @@ class NodeExecutor:
                 specs = self._block_spec(block, points, values)
                 changed.update(zip(block.outputs, self._run_block(  # (Overlay's lookup, inline)
                     block, [changed[t] if t in changed else reference[t] for t in block.inputs], specs)))
-                self._forget_dead(changed, block)
-                continue
-            # Node by node. With a boundary-only reference (fused mode) block-internal values are not stored, so
-            # every node of a touched block runs, producing them; otherwise only the cone is recomputed.
-            ins = [values[t] for t in block.inputs] if fused and block.tile is not None else []
-            tiles = block.tiles(ins) if ins else 1
-            if tiles > 1:  # a tiled block node by node: each slice of rows so (its internal tensors are not kept)
-                changed.update(zip(block.outputs, self._run_tiled(
-                    block, ins, tiles, lambda vals: self._run_nodes(block, vals, points))))
-                self._forget_dead(changed, block)
-                continue
-            del ins
-            for i, node in enumerate(block.nodes):
-                inputs = self.catalog.node_inputs(node.name)
-                if not fused and node.name not in points.fp16 and not any(t in changed for t in inputs):
-                    continue
-                outs = self.run_node(node, [values[t] for t in inputs], *self.spec(node, points, values))
-                changed.update(zip(nonempty(node.output), outs))
-                if fused:  # block-internal tensors go after their last reader, as a fused session frees them
-                    for t in block.release[i]:
-                        changed.pop(t, None)
+            else:
+                self._run_unfused(block, points, changed, values, fused)
+            if record is not None:
+                assert layout is not None
+                record.update((t, changed[t]) for t in block.outputs if t in layout.kept and t in changed)
             if fused:
                 self._forget_dead(changed, block)
+        if record is not None:
+            assert states is not None
+            states.store(reference, fp16, record)
         return changed
+
+    def _run_unfused(self, block: "_Block", points: RoundingPoints, changed: dict[str, np.ndarray],
+                     values: "Overlay", fused: bool) -> None:
+        """`run_changed`'s block node by node, its outputs into `changed`. Node by node. With a boundary-only
+        reference (fused mode) block-internal values are not stored, so every node of a touched block runs,
+        producing them; otherwise only the cone is recomputed."""
+        ins = [values[t] for t in block.inputs] if fused and block.tile is not None else []
+        tiles = block.tiles(ins) if ins else 1
+        if tiles > 1:  # a tiled block node by node: each slice of rows so (its internal tensors are not kept)
+            changed.update(zip(block.outputs, self._run_tiled(
+                block, ins, tiles, lambda vals: self._run_nodes(block, vals, points))))
+            return
+        del ins
+        for i, node in enumerate(block.nodes):
+            inputs = self.catalog.node_inputs(node.name)
+            if not fused and node.name not in points.fp16 and not any(t in changed for t in inputs):
+                continue
+            outs = self.run_node(node, [values[t] for t in inputs], *self.spec(node, points, values))
+            changed.update(zip(nonempty(node.output), outs))
+            if fused:  # block-internal tensors go after their last reader, as a fused session frees them
+                for t in block.release[i]:
+                    changed.pop(t, None)
 
     def _run_nodes(self, block: "_Block", values: list[np.ndarray], points: RoundingPoints) -> list[np.ndarray]:
         """Every node of `block` alone on `values` (its inputs), as `points` says; its outputs."""
@@ -626,6 +653,32 @@ class NodeExecutor:
         peak = max(_peak_rss_bytes(), int(inference_peak or 0))
         self._release_above = peak * SHRINK_ABOVE
         self._shrink_above = peak * self._shrink_factor
+        self._baseline_peak = peak
+        self._size_states()
+
+    def drop_plan_states(self) -> None:
+        """Let go of the latest plan's tensors (`plan_states`): runs after the search do not resume from them."""
+        if self.plan_states is not None:
+            self.plan_states.clear()
+
+    def _size_states(self) -> None:
+        """The budget of the latest plan's tensors at the cuts (`plan_states`): a quarter of the model's size
+        (weights + the reference's tensors), as the variant caches' floors follow it, and at most a sixteenth of
+        the process's peak before the search: a large detector's reference is mostly on disk (a 960 x 1920 page:
+        its activations many times its inference's peak), and what the states keep is in memory."""
+        budget = (self.weight_bytes + self.reference_bytes) // 4
+        peak = getattr(self, "_baseline_peak", 0)
+        if peak:
+            budget = min(budget, int(peak) // 16)
+        if getattr(self, "plan_states", None) is not None:  # (not yet made when __init__ first sizes the caches)
+            self.plan_states.budget = budget
+
+    def _new_plan_states(self) -> None:
+        """Recent plans' block outputs over the current blocks (`plan_states`), none kept yet."""
+        self.plan_states = plan_states.PlanStates(
+            [(b.node_names, b.inputs, b.outputs) for b in self.blocks], self.catalog.output_names
+        ) if plan_states.enabled() else None
+        self._size_states()
 
     def _run(self, key: tuple, sess: ort.InferenceSession, outputs, feed,
              shrink: bool = False) -> list[np.ndarray]:
@@ -754,6 +807,7 @@ class NodeExecutor:
         if not kept:
             return
         self.blocks = blocks if len(kept) == len(regions) else _partition(self.catalog, self._block_size, kept)
+        self._new_plan_states()
         self._size_caches()
 
     def _run_block(self, block: "_Block", values: list[np.ndarray], specs: tuple) -> list[np.ndarray]:

@@ -108,6 +108,14 @@ class ReferenceStore(Mapping):
         spilled = self._spilled.get(name)
         return spilled[1] if spilled else None
 
+    def nbytes_of(self, name: str) -> int:
+        """A tensor's size in bytes without reading it (0: not here, or not an array)."""
+        held = self._held.get(name)
+        if held is not None:
+            return int(getattr(held, "nbytes", 0))
+        spilled = self._spilled.get(name)
+        return int(np.prod(spilled[2], dtype=np.int64)) * spilled[1].itemsize if spilled else 0
+
     def __contains__(self, name: object) -> bool:
         return name in self._held or name in self._spilled
 
