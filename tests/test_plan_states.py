@@ -128,3 +128,34 @@ def test_a_kept_plan_resumes_at_the_last_cut_before_the_first_difference():
     assert states.start(ref, every - {"n0"}) is None  # differs in the first block: the reference is as near
     states.store(ref, every, kept)
     assert states.start(_Reference(ref), every - {"n3"}) is None  # another reference's plan
+
+
+def test_the_ranking_and_the_runs_after_the_search_do_not_hold_the_latest_plan():
+    """The kept plan's tensors are let go where nothing resumes from them: on entering the ranking's one-off
+    plans (whose own peak would stack on them), the runs after the search, and the node-by-node second opinion."""
+    cat = Catalog.from_model(_skip_model())
+    x = {"x": np.random.default_rng(5).uniform(-1, 1, (2, 8)).astype(np.float32)}
+    plans = _search_like_plans(cat, 6)
+    be = EmulateBackend(block_size=4)
+    be.open(cat)
+    states = be.executor.plan_states
+
+    def kept() -> bool:
+        return states._state is not None
+
+    be.run(plans[0], x)
+    assert kept()
+    with be.one_off_plans():
+        assert not kept()
+        be.run(plans[1], x)  # a one-off plan keeps nothing
+        assert not kept()
+    be.run(plans[2], x)
+    assert kept()
+    with be.once_after_search():
+        assert not kept()
+    be.run(plans[3], x)
+    be.run_node_by_node(plans[4], x)
+    assert not kept()
+    be.run(plans[5], x)
+    be.drop_plan_states()
+    assert not kept()

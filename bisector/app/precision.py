@@ -136,6 +136,8 @@ def precision(model: str | Path, *, output_dir: str | Path | None = None, plot: 
         try:
             result = run_search(oracle, s.strategy, s.strategy_kwargs(), hints=hints, progress=progress,
                                 start=start)
+            # what the search's evaluations resumed from (the emulator's latest plan) is of no use after it
+            getattr(job.backend, "drop_plan_states", lambda: None)()
             if confirm is None and s.second_opinion != "off":  # --confirm-on judges the set on the hardware
                 from bisector.app.second_opinion import second_opinion
 
