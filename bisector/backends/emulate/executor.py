@@ -122,7 +122,7 @@ class NodeExecutor:
         # the model and the golden inference took: `_give_back`); the arena gives back its unused chunks past the
         # guard's level (`_arena_shrink`, `_SHRINK`)
         self._shrink_from, self._shrink_factor = _arena_shrink()  # read once: the check runs before every block run
-        self.plan_states: plan_states.PlanStates | None = None  # recent plans' block outputs (`_new_plan_states`)
+        self.plan_states: plan_states.PlanStates | None = None  # the latest plan's tensors at cuts (`plan_states`)
         self._new_plan_states()
         self.set_baseline(None)
         # Runs on a part of the batch (a screen's item, the ranking's sample) take this many times less time than
@@ -361,9 +361,9 @@ class NodeExecutor:
 
     def _run_unfused(self, block: "_Block", points: RoundingPoints, changed: dict[str, np.ndarray],
                      values: "Overlay", fused: bool) -> None:
-        """`run_changed`'s block node by node, its outputs into `changed`. Node by node. With a boundary-only
-        reference (fused mode) block-internal values are not stored, so every node of a touched block runs,
-        producing them; otherwise only the cone is recomputed."""
+        """`run_changed`'s block node by node, its outputs into `changed`. With a boundary-only reference (fused
+        mode) block-internal values are not stored, so every node of a touched block runs, producing them;
+        otherwise only the cone is recomputed."""
         ins = [values[t] for t in block.inputs] if fused and block.tile is not None else []
         tiles = block.tiles(ins) if ins else 1
         if tiles > 1:  # a tiled block node by node: each slice of rows so (its internal tensors are not kept)
@@ -674,7 +674,7 @@ class NodeExecutor:
             self.plan_states.budget = budget
 
     def _new_plan_states(self) -> None:
-        """Recent plans' block outputs over the current blocks (`plan_states`), none kept yet."""
+        """What the latest plan's tensors at the cuts are kept over: the current blocks (`plan_states`)."""
         self.plan_states = plan_states.PlanStates(
             [(b.node_names, b.inputs, b.outputs) for b in self.blocks], self.catalog.output_names
         ) if plan_states.enabled() else None

@@ -11,12 +11,12 @@ computes the same for both, bit for bit.
 Kept: the latest plan's values (those that differ from the reference, by reference, not copied) of the tensors
 that cross the *cuts*, block boundaries every `step` blocks; a run that first differs from it in block d
 resumes at the last cut at or before d, seeded with the tensors crossing that cut, where that starts later than
-the reference would. Every tensor would be every cut (step 1) but holds a whole plan's activations: the tiny
-recogniser's 9.7 MB took its search from 1.88 to 2.05 x its inference's peak memory, so the cuts are spaced so
-that what crosses them fits the budget (a quarter of the model's weights and reference tensors). One plan at a
-time: the run that resumes from the kept plan takes it over and keeps its own in its place (two, the passing set
-beside the latest, left as many blocks to run and held twice as much; docs/benchmarks.md, "Scale, thirty-ninth
-round").
+the reference would. A cut at every block boundary keeps a whole plan's activations: the tiny recogniser's
+9.7 MB took its search from 1.88 to 2.05 x its inference's peak memory. So the cuts are spaced until what
+crosses them fits the budget (a quarter of the model's weights and reference tensors, at most a sixteenth of the
+process's peak before the search: `NodeExecutor._size_states`). One plan at a time: the run that resumes from
+the kept plan takes it over and keeps its own in its place (keeping the passing set a check starts from beside
+the latest left as many blocks to run, for twice the memory; docs/benchmarks.md, "Scale, thirty-ninth round").
 """
 
 from __future__ import annotations
@@ -144,9 +144,9 @@ class PlanStates:
             self._state = _State(layout.reference, layout, fp16, tensors)
 
     def clear(self) -> None:
+        """Let go of the kept plan (the cuts stay: they hold no tensor)."""
         with self._lock:
             self._state = None
-            self._layouts = {}
 
 
 def _nbytes(reference: Mapping, t: str) -> int:
