@@ -101,6 +101,8 @@ class NodeExecutor:
         self._copies_base = 2 * sum(int(np.asarray(v).nbytes) for t, v in self.weights.items() if t in constant)
         self.reference_bytes = 0  # the FP32 reference's computed tensors (largest input set): `run_reference`
         self._sized: tuple[int, int] | None = None  # (max_sessions, copies_budget) as `_size_caches` last set them
+        self.plan_states: plan_states.PlanStates | None = None  # the latest plan's tensors at cuts (`plan_states`)
+        self._baseline_peak = 0  # the process's peak before the search (`set_baseline`)
         self._size_caches()
         # Converted weights go to a page file once and stay there for the search (`bisector.model.pages`): like
         # the model's own weights (`weights.page_inline`) they are a file's pages, given back after each session
@@ -122,7 +124,6 @@ class NodeExecutor:
         # the model and the golden inference took: `_give_back`); the arena gives back its unused chunks past the
         # guard's level (`_arena_shrink`, `_SHRINK`)
         self._shrink_from, self._shrink_factor = _arena_shrink()  # read once: the check runs before every block run
-        self.plan_states: plan_states.PlanStates | None = None  # the latest plan's tensors at cuts (`plan_states`)
         self._new_plan_states()
         self.set_baseline(None)
         # Runs on a part of the batch (a screen's item, the ranking's sample) take this many times less time than
@@ -667,10 +668,9 @@ class NodeExecutor:
         the process's peak before the search: a large detector's reference is mostly on disk (a 960 x 1920 page:
         its activations many times its inference's peak), and what the states keep is in memory."""
         budget = (self.weight_bytes + self.reference_bytes) // 4
-        peak = getattr(self, "_baseline_peak", 0)
-        if peak:
-            budget = min(budget, int(peak) // 16)
-        if getattr(self, "plan_states", None) is not None:  # (not yet made when __init__ first sizes the caches)
+        if self._baseline_peak:
+            budget = min(budget, int(self._baseline_peak) // 16)
+        if self.plan_states is not None:
             self.plan_states.budget = budget
 
     def _new_plan_states(self) -> None:
