@@ -191,3 +191,143 @@ def test_sequence_values_switch_and_per_plan_models_agree():
     # the planted weight (1e5, clamped to 65504 in FP16) makes all-FP16 differ from all-FP32 far beyond rounding
     fp32 = switch.run(Plan(frozenset(cat.candidates), cat.candidates), feeds)["y"]
     assert np.abs(switch.run(Plan.all_fp16(cat.candidates), feeds)["y"] - fp32).max() > 0.05
+
+
+ENCODER = SEED.parent / "exported" / "encoder.onnx"
+ENCODER_RANGES = {"ids": (0, 999), "mask": (1, 1)}
+
+
+def _encoder_feeds(batch: int, seed: int):
+    from bisector.model.inputs import generate_inputs
+
+    cat = Catalog.load(ENCODER)
+    return cat, generate_inputs(cat, ENCODER_RANGES, {"ids": (batch, 32), "mask": (batch, 32)}, seed=seed)[0]
+
+
+def test_bound_runs_give_each_plan_what_its_mixed_model_gives():
+    """The switch model's bound runs (the CUDA-graph path, here on the CPU stand-in: every step but the capture):
+    plans and input sets of one shape alternate through the same buffers, a second shape gets its own; each run
+    gives the bits of the plan's own mixed model, and the first runs of each shape were checked against plain
+    runs of the same session."""
+    from bisector.backends.ort_cuda_graph import CHECK_RUNS
+
+    cat, feeds_a = _encoder_feeds(1, 1)
+    feeds_b = _encoder_feeds(1, 2)[1]
+    feeds_c = _encoder_feeds(2, 3)[1]
+    assert not np.array_equal(feeds_a["ids"], feeds_b["ids"])
+    per_plan = OrtCudaBackend(providers=[CPU_EP], graph_optimization="disable", switch=False)
+    bound = OrtCudaBackend(providers=[CPU_EP], graph_optimization="disable", graph=True)
+    assert not OrtCudaBackend(providers=[CPU_EP]).graph  # a stand-in runs plainly unless asked
+    for b in (per_plan, bound):
+        b.open(cat)
+    cands = list(cat.candidates)
+    rng = np.random.default_rng(5)
+    plans = [Plan(frozenset(c for c in cands if rng.random() < 0.5), cat.candidates) for _ in range(6)]
+    plans += [Plan.all_fp16(cat.candidates), Plan(frozenset(cands), cat.candidates)]
+    runs = 0
+    for i, plan in enumerate(plans * 2):
+        feeds = (feeds_a, feeds_b, feeds_c)[i % 3]
+        a, b = per_plan.run(plan, feeds), bound.run(plan, feeds)
+        runs += 1
+        assert a.keys() == b.keys()
+        for k in a:
+            np.testing.assert_array_equal(a[k], b[k])
+    runner = next(iter(bound._sessions.values()))._bisector_graph
+    assert runner.failed is None and len(runner._signatures) == 2
+    # per shape: one plain run to learn the outputs, then CHECK_RUNS bound runs each checked by a plain one
+    assert runner.bound_runs == runs - 2 and runner.plain_runs == 2 + 2 * CHECK_RUNS
+    d = bound.describe()
+    assert d["cuda_graph"] == "on" and d["cuda_graph_runs"] == f"{runs - 2} bound, {2 + 2 * CHECK_RUNS} plain"
+    assert len(bound.session_times) == 1
+
+
+def test_a_replay_that_differs_turns_graphs_off_and_the_plain_run_answers(monkeypatch, caplog):
+    """Were a replay to give other bits than the plain run of the same session, its result is not used: the
+    plain one is, graphs stay off for the rest of the search, and describe() says why."""
+    from bisector.backends import ort_cuda_graph
+
+    real = ort_cuda_graph._Bound.run
+
+    def off_by_one_ulp(self, feed, flags):
+        return [np.nextafter(v, np.inf).astype(v.dtype) if v.dtype.kind == "f" else v for v in real(self, feed, flags)]
+
+    monkeypatch.setattr(ort_cuda_graph._Bound, "run", off_by_one_ulp)
+    cat, feeds = _encoder_feeds(1, 1)
+    per_plan = OrtCudaBackend(providers=[CPU_EP], graph_optimization="disable", switch=False)
+    bound = OrtCudaBackend(providers=[CPU_EP], graph_optimization="disable", graph=True)
+    for b in (per_plan, bound):
+        b.open(cat)
+    plans = [Plan.all_fp16(cat.candidates), Plan(frozenset(list(cat.candidates)[:5]), cat.candidates)] * 2
+    with caplog.at_level("WARNING", logger="bisector"):
+        for plan in plans:
+            a, b = per_plan.run(plan, feeds), bound.run(plan, feeds)
+            for k in a:
+                np.testing.assert_array_equal(a[k], b[k])
+    runner = next(iter(bound._sessions.values()))._bisector_graph
+    assert runner.failed and "differed" in runner.failed and runner.bound_runs == 0
+    assert bound.describe()["cuda_graph"].startswith("off: a replayed run differed")
+    assert "CUDA graphs off" in caplog.text
+
+
+def test_a_run_from_another_thread_goes_the_plain_way():
+    """ORT keeps a captured graph per thread and the buffers are the runner's: a run from a thread other than the
+    one that made the runner does not touch them."""
+    import threading
+
+    cat, feeds = _encoder_feeds(1, 1)
+    bound = OrtCudaBackend(providers=[CPU_EP], graph_optimization="disable", graph=True)
+    bound.open(cat)
+    plan = Plan.all_fp16(cat.candidates)
+    mine = [bound.run(plan, feeds) for _ in range(3)]
+    runner = next(iter(bound._sessions.values()))._bisector_graph
+    before = (runner.bound_runs, runner.plain_runs)
+    theirs = []
+    t = threading.Thread(target=lambda: theirs.append(bound.run(plan, feeds)))
+    t.start()
+    t.join()
+    assert (runner.bound_runs, runner.plain_runs) == (before[0], before[1] + 1)
+    for k in mine[0]:
+        np.testing.assert_array_equal(theirs[0][k], mine[-1][k])
+
+
+def test_graph_setting_from_the_environment(monkeypatch):
+    monkeypatch.setenv("BISECTOR_ORT_CUDA_GRAPH", "2")
+    with pytest.raises(UsageError, match="BISECTOR_ORT_CUDA_GRAPH"):
+        OrtCudaBackend(providers=[CPU_EP])
+    monkeypatch.setenv("BISECTOR_ORT_CUDA_GRAPH", "0")
+    assert not OrtCudaBackend(providers=[CPU_EP], graph=None).graph
+    monkeypatch.setenv("BISECTOR_ORT_CUDA_SWITCH", "0")  # a session per plan: no switch model to replay
+    b = OrtCudaBackend(providers=[CPU_EP], graph=True)
+    assert not b._uses_graph() and "cuda_graph" not in b.describe()
+
+
+def test_graph_session_tries_every_node_on_the_gpu_then_shape_nodes_on_the_cpu(monkeypatch):
+    """The graph session's attempts on a GPU machine (ORT's side faked): first every node on the CUDA provider;
+    where ORT refuses (shape arithmetic it keeps on the CPU: YOLOv8n), again with CPU fallback and the first run
+    profiled for placement; where both fail, the plain switch session and the reason in describe()."""
+    monkeypatch.setattr(ort, "get_available_providers", lambda: [CUDA_EP, CPU_EP])
+    cat = Catalog.load(SEED)
+    calls = []
+    real = ort.InferenceSession
+
+    def fake_session(data, options, providers):
+        calls.append(providers)
+        if len(calls) == 1 or refuse_all:
+            raise RuntimeError("This session contains graph nodes that are assigned to the default CPU EP")
+        return real(data, providers=[CPU_EP])
+
+    b = OrtCudaBackend()
+    b.catalog = cat
+    monkeypatch.setattr(b.ort, "InferenceSession", fake_session)
+    refuse_all = False
+    sess = b._graph_session(tuple(cat.output_names))
+    assert [[p if isinstance(p, str) else p[0] for p in c] for c in calls] == [[CUDA_EP], [CUDA_EP, CPU_EP]]
+    assert all(c[0][1]["enable_cuda_graph"] == "1" and c[0][1]["use_tf32"] == "0" for c in calls)
+    assert sess._bisector_profile and b._switch_cpu is None and b.graph_off is None
+    assert sess._bisector_graph.device == "cuda"
+    calls.clear()
+    refuse_all = True
+    b2 = OrtCudaBackend()
+    b2.catalog = cat
+    assert b2._graph_session(tuple(cat.output_names)) is None and len(calls) == 2
+    assert b2.graph_off.startswith("off: This session contains graph nodes")

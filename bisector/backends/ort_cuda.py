@@ -39,6 +39,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from bisector import __version__, ort_pool
+from bisector.backends.ort_cuda_graph import GRAPH_ENV, GraphRunner
 from bisector.errors import BackendFailure, BuildFailure, UsageError
 from bisector.fp16.casts import FLOAT, cast, fp16_name
 from bisector.fp16.mixed import build_mixed_model
@@ -64,7 +65,8 @@ class OrtCudaBackend:
     name = "ort-cuda"
 
     def __init__(self, device_id: int = 0, strict: bool = True, *, session_cache_size: int = 8,
-                 graph_optimization: str = "all", providers: Sequence[Any] | None = None, switch: bool | None = None):
+                 graph_optimization: str = "all", providers: Sequence[Any] | None = None, switch: bool | None = None,
+                 graph: bool | None = None):
         """`strict`: first ask ORT for a session with CPU fallback disabled (only then is every node known to run
         on the GPU); `strict=False` skips that attempt and always profiles the first run to find CPU nodes.
         `providers` is a test hook: use exactly these providers and skip the CUDA checks (a CPU stand-in lets
@@ -100,6 +102,14 @@ class OrtCudaBackend:
         self.switch_kind = "if" if env == "if" else "where"
         self._flags: dict[str, str] = {}
         self._switch_cpu: list[str] | None = None  # nodes the switch session placed on the CPU provider
+        # The Where switch model replayed as a CUDA graph (`ort_cuda_graph`): ORT's per-node work, most of a switch
+        # run, done once at capture. Off where ORT cannot capture (control flow, CPU nodes) or a replay differs.
+        genv = os.environ.get(GRAPH_ENV, "1").strip()
+        if genv not in ("0", "1"):
+            raise UsageError(f"{GRAPH_ENV}={genv!r}: 1 (default: replay the switch model as a CUDA graph) or 0")
+        # a CPU stand-in (`providers`) has no graph to capture: its bound runs only where a test asks (`graph=True`)
+        self.graph = (genv == "1" and providers is None) if graph is None else bool(graph)
+        self.graph_off: str | None = None  # why the switch session runs without a graph, when it does
 
     # ---- protocol ------------------------------------------------------------------------------------------
     def open(self, catalog: "Catalog") -> None:
@@ -128,6 +138,10 @@ class OrtCudaBackend:
         }
         if self.switch:  # other kernels (no fusion across nodes): other verdicts, kept apart in the journal
             d["mode"] = f"switch-{self.switch_kind}"
+            runners = [r for r in (getattr(s, "_bisector_graph", None) for s in self._sessions.values()) if r]
+            if self._uses_graph():  # not part of the journal key (the same kernels; job.py)
+                d["cuda_graph"] = self.graph_off or next((f"off: {r.failed}" for r in runners if r.failed), "on")
+                d["cuda_graph_runs"] = f"{sum(r.bound_runs for r in runners)} bound, {sum(r.plain_runs for r in runners)} plain"
         if self._device:
             d.update({f"device_{k}": v for k, v in self._device.items()})
         extra = extra_cuda_options()
@@ -144,6 +158,20 @@ class OrtCudaBackend:
     def run(self, plan: Plan, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
         names = tuple(outputs) if outputs is not None else tuple(self._cat.output_names)
         sess = self._session(plan, names)
+        runner = getattr(sess, "_bisector_graph", None)
+        if runner is not None:
+            vector = np.fromiter((node in plan.fp16 for node in self._flags), dtype=bool, count=len(self._flags))
+            feed = {name: np.asarray(feeds[name]) for name in sess._bisector_inputs}
+            try:
+                result = runner.run(feed, vector, names)
+            except Exception as e:  # noqa: BLE001 - as below
+                raise BackendFailure(f"ort-cuda: running the switch model for a plan ({len(plan.fp32)} FP32 nodes) "
+                                     f"failed: {e}") from e
+            if getattr(sess, "_bisector_profile", False):  # the runner's first run was a plain one
+                self._record_placement(plan, sess)
+            else:
+                self._note_fallback(plan, self._switch_cpu or [], [], None)
+            return _as_float32(names, result)
         flags = self._flags if self.switch else {}
         flag_inputs = set(flags.values())
         feed = {i.name: np.asarray(feeds[i.name]) for i in sess.get_inputs() if i.name not in flag_inputs}
@@ -158,11 +186,7 @@ class OrtCudaBackend:
                     self._note_fallback(plan, self._switch_cpu, [], None)
         except Exception as e:  # noqa: BLE001 - a CUDA/ORT runtime error is a backend failure, not a verdict
             raise BackendFailure(f"ort-cuda: running the mixed model of a plan ({len(plan.fp32)} FP32 nodes) failed: {e}") from e
-        out = {}
-        for n, v in zip(names, result):
-            v = np.asarray(v)
-            out[n] = v.astype(np.float32) if v.dtype == np.float16 else v
-        return out
+        return _as_float32(names, result)
 
     # ---- sessions ------------------------------------------------------------------------------------------
     @property
@@ -208,6 +232,13 @@ class OrtCudaBackend:
         if sess is not None:
             self._sessions.move_to_end(key)
             return sess
+        if self.switch and self._uses_graph() and self.graph_off is None:
+            sess = self._graph_session(outputs)
+            if sess is not None:
+                self._sessions[key] = sess
+                while len(self._sessions) > self.session_cache_size:
+                    self._sessions.popitem(last=False)
+                return sess
         if self.switch:
             model, self._flags = build_switch_model(self._cat, self.switch_kind)
             model = _with_outputs(model, outputs)
@@ -243,6 +274,52 @@ class OrtCudaBackend:
         self._sessions[key] = sess
         while len(self._sessions) > self.session_cache_size:
             self._sessions.popitem(last=False)
+        return sess
+
+    def _uses_graph(self) -> bool:
+        return self.switch and self.switch_kind == "where" and self.graph
+
+    def _graph_session(self, outputs: tuple[str, ...]):
+        """The packed switch model's session with ORT's CUDA graph enabled, every node on the GPU (ORT refuses a
+        graph otherwise), and its runner; None, with the reason in `graph_off`, where ORT cannot have one: the
+        caller then builds the plain switch session."""
+        model, flags = build_switch_model(self._cat, "where", packed=True)
+        model = _with_outputs(model, outputs)
+        own = {i.name for i in self._cat.model.graph.input}
+        packed = [i.name for i in model.graph.input if i.name not in own and i.name not in flags.values()]
+        t0 = time.perf_counter()
+        data = model.SerializeToString()
+        if self._forced_providers is None:
+            cuda = (CUDA_EP, {"device_id": str(self.device_id), "use_tf32": "0", **extra_cuda_options(),
+                              "enable_cuda_graph": "1"})
+            # Every node on the GPU; else the shape computations alone on the CPU, which ORT's graph allows where
+            # no copy between the two is needed (YOLOv8n: its Shape/Gather/Concat chains), placement profiled
+            attempts = [([cuda], self._options(strict=True, profile=False), False),
+                        ([cuda, CPU_EP], self._options(strict=False, profile=True), True)]
+            device = "cuda"
+        else:  # a CPU stand-in (tests): the same bound runs, without a graph to capture
+            attempts = [(list(self._forced_providers), self._options(strict=False, profile=False), False)]
+            device = "cpu"
+        sess, error = None, ""
+        for providers, options, profile in attempts:
+            try:
+                sess = self.ort.InferenceSession(data, options, providers=providers)
+                break
+            except Exception as e:  # noqa: BLE001 - control flow in the model, compute nodes ORT keeps on the CPU
+                error = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        if sess is None:
+            self.graph_off = f"off: {error}"
+            log.info("ort-cuda: no CUDA graph for this model (%s)", error)
+            return None
+        self.session_times.append(time.perf_counter() - t0)
+        self._flags = flags
+        if profile:
+            sess._bisector_profile = True  # type: ignore[attr-defined]  # its first run tells the placement
+            self._switch_cpu = None
+        else:
+            self._switch_cpu = []
+        sess._bisector_inputs = [i.name for i in sess.get_inputs() if i.name != packed[0]]  # type: ignore[attr-defined]
+        sess._bisector_graph = GraphRunner(self.ort, sess, packed[0], device, self.device_id)  # type: ignore[attr-defined]
         return sess
 
     def _mixed_model(self, plan: Plan, outputs: tuple[str, ...]) -> onnx.ModelProto:
@@ -306,6 +383,14 @@ class OrtCudaBackend:
                              f"CUDA provider on device {self.device_id} (no usable GPU or CUDA/cuDNN libraries "
                              f"missing). {_INSTALL_HINT}")
 
+
+
+def _as_float32(names: Sequence[str], result: Sequence[Any]) -> dict[str, np.ndarray]:
+    out = {}
+    for n, v in zip(names, result):
+        v = np.asarray(v)
+        out[n] = v.astype(np.float32) if v.dtype == np.float16 else v
+    return out
 
 
 def _with_outputs(model: onnx.ModelProto, outputs: tuple[str, ...]) -> onnx.ModelProto:

@@ -25,15 +25,21 @@ from bisector.model.catalog import Catalog
 from bisector.model.graph import copy_without_initializers, graph_reads, rename_free, subgraphs
 
 FLAG_PREFIX = "bisector_fp16_"
+PACKED_FLAGS = "bisector_fp16_flags"
 
 
-def build_switch_model(catalog: Catalog, kind: str = "where") -> tuple[onnx.ModelProto, dict[str, str]]:
-    """The switch model and its flag inputs: {candidate node name: bool graph input that makes it FP16}.
+def build_switch_model(catalog: Catalog, kind: str = "where",
+                       packed: bool = False) -> tuple[onnx.ModelProto, dict[str, str]]:
+    """The switch model and its flags: {candidate node name: bool tensor that makes it FP16}.
 
     `kind`: "where" (default) computes both forms of every candidate and selects with `Where(flag, fp16, fp32)`
     — twice the arithmetic, no control flow; "if" runs only the chosen form inside `If` — less arithmetic, but
     each If subgraph costs ONNX Runtime's CUDA provider its own stream state (measured on an H100: 45 GB of GPU
-    memory for a 303-node detector, 15 ms per run against 3.2 ms for the FP32 model)."""
+    memory for a 303-node detector, 15 ms per run against 3.2 ms for the FP32 model).
+
+    `packed`: the flags are not graph inputs but one bool vector input `PACKED_FLAGS`, element k being the k-th
+    candidate of the returned dict (its order), read by a `Gather` per candidate. A run on inputs held on the GPU
+    (a captured CUDA graph, `ort_cuda_graph`) then updates one buffer per plan instead of one per candidate."""
     if kind not in ("where", "if"):
         raise ValueError(f"switch model kind {kind!r}: where or if")
     src = catalog.model
@@ -46,13 +52,22 @@ def build_switch_model(catalog: Catalog, kind: str = "where") -> tuple[onnx.Mode
     flags: dict[str, str] = {}
     taken = {i.name for i in src.graph.input} | {t for n in src.graph.node for t in n.output}
     inits: dict[str, TensorProto] = {i.name: i for i in src.graph.initializer}
+    packed_input = _unique(PACKED_FLAGS, taken) if packed else None
+    if packed_input is not None:
+        graph.input.append(helper.make_tensor_value_info(packed_input, TensorProto.BOOL,
+                                                         [sum(1 for n in src.graph.node if n.name in candidates)]))
     for node in src.graph.node:
         if node.name not in candidates:
             graph.node.append(node)
             continue
         flag = _unique(f"{FLAG_PREFIX}{len(flags)}", taken)
+        if packed_input is None:
+            graph.input.append(helper.make_tensor_value_info(flag, TensorProto.BOOL, []))
+        else:  # a scalar index gives a scalar flag, as the unpacked inputs are
+            index = _unique(f"{flag}_index", taken)
+            inits[index] = helper.make_tensor(index, TensorProto.INT64, [], [len(flags)])
+            graph.node.append(helper.make_node("Gather", [packed_input, index], [flag], name=flag))
         flags[node.name] = flag
-        graph.input.append(helper.make_tensor_value_info(flag, TensorProto.BOOL, []))
         then_nodes, new_inits = fp16_form(catalog, node.name)
         for init in new_inits:
             inits.setdefault(init.name, init)  # one converted copy per weight, read by every branch that needs it
