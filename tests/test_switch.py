@@ -12,7 +12,7 @@ import pytest
 
 from bisector.fp16.mixed import build_mixed_model
 from bisector.fp16.plan import Plan
-from bisector.fp16.switch import PACKED_FLAGS, build_switch_model
+from bisector.fp16.switch import build_switch_model
 from bisector.model.catalog import Catalog
 from bisector.model.inputs import generate_inputs
 
@@ -126,44 +126,30 @@ def test_odd_node_names_get_plain_flag_inputs(tmp_path):
     assert _run_switch(_session(switch), {"x": x}, flags, frozenset(names))[0].shape == (1, 4)
 
 
-def _run_packed(sess, feeds, flags, fp16: frozenset) -> list:
-    vector = np.array([node in fp16 for node in flags], dtype=bool)
-    return sess.run(None, {**feeds, PACKED_FLAGS: vector})
 
+@pytest.mark.parametrize("name", ["encoder", "cnn", "planted", "names"])
+def test_fp16_readers_of_a_tensor_share_one_cast_and_compute_the_same(name):
+    """Every FP16 form casts a graph tensor to FP16 the same way, so the switch model writes that Cast once (a
+    kernel per extra reader saved on every run): plans of many FP16 nodes give the bits of the model in which
+    every reader has its own Cast."""
+    from onnx import TensorProto
 
-@pytest.mark.parametrize("name", ["planted", "cnn", "encoder", "names", "masks_ints"])
-def test_packed_flags_compute_what_the_flag_inputs_compute(name):
-    """`packed=True` (ort-cuda's CUDA-graph runs): one bool vector, element k the k-th candidate of the returned
-    order, gives every plan the bits the per-candidate flag inputs give it."""
     cat, feeds, switch, flags = _setup(name)
-    packed, packed_flags = build_switch_model(cat, packed=True)
-    onnx.checker.check_model(packed, full_check=True)
-    assert list(packed_flags) == list(flags)
-    inputs = [i.name for i in packed.graph.input]
-    assert inputs == [i.name for i in cat.model.graph.input if i.name not in {t.name for t in cat.model.graph.initializer}] + [PACKED_FLAGS]
-    a, b = _session(switch), _session(packed)
+    onnx.checker.check_model(switch, full_check=True)
+    unshared, unshared_flags = build_switch_model(cat, share_casts=False)
+    assert unshared_flags == flags
+
+    def casts_to_half(model):
+        return [n.input[0] for n in model.graph.node if n.op_type == "Cast"
+                and any(a.name == "to" and a.i == TensorProto.FLOAT16 for a in n.attribute)]
+
+    shared_casts, own_casts = casts_to_half(switch), casts_to_half(unshared)
+    assert len(shared_casts) == len(set(shared_casts)) == len(set(own_casts))
+    if name != "names":  # these models have tensors several candidates read
+        assert len(own_casts) > len(shared_casts)
+    a, b = _session(switch), _session(unshared)
     cands = list(cat.candidates)
-    rng = np.random.default_rng(3)
-    plans = [frozenset(), frozenset(cands)] + [frozenset(c for c in cands if rng.random() < p) for p in (0.2, 0.5, 0.8)]
-    # one candidate alone in FP16, at both ends: an off-by-one in the order would move it to a neighbour
-    plans += [frozenset([cands[0]]), frozenset([cands[-1]])]
-    for fp16 in plans:
-        assert _same(_run_packed(b, feeds, packed_flags, fp16), _run_switch(a, feeds, flags, fp16))
-    # and the flags matter: all-FP16 differs from all-FP32 on the models with float arithmetic
-    if name in ("planted", "cnn", "encoder"):
-        assert not _same(_run_packed(b, feeds, packed_flags, frozenset(cands)), _run_packed(b, feeds, packed_flags, frozenset()))
-
-
-def test_packed_flags_input_takes_a_free_name(tmp_path):
-    from onnx import TensorProto, helper
-
-    g = helper.make_graph([helper.make_node("Add", [PACKED_FLAGS, "c"], ["y"], name="add")], "g",
-                          [helper.make_tensor_value_info(PACKED_FLAGS, TensorProto.FLOAT, [1, 4])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
-                          initializer=[helper.make_tensor("c", TensorProto.FLOAT, [], [0.1])])
-    path = tmp_path / "taken.onnx"
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), path)
-    packed, flags = build_switch_model(Catalog.load(path), packed=True)
-    onnx.checker.check_model(packed, full_check=True)
-    names = [i.name for i in packed.graph.input]
-    assert names[0] == PACKED_FLAGS and len(names) == 2 and names[1].startswith(PACKED_FLAGS + "_")
+    rng = np.random.default_rng(11)
+    for p in (0.0, 0.3, 0.6, 0.9, 1.0):
+        fp16 = frozenset(c for c in cands if rng.random() < p)
+        assert _same(_run_switch(a, feeds, flags, fp16), _run_switch(b, feeds, flags, fp16)), p

@@ -280,13 +280,11 @@ class OrtCudaBackend:
         return self.switch and self.switch_kind == "where" and self.graph
 
     def _graph_session(self, outputs: tuple[str, ...]):
-        """The packed switch model's session with ORT's CUDA graph enabled, every node on the GPU (ORT refuses a
-        graph otherwise), and its runner; None, with the reason in `graph_off`, where ORT cannot have one: the
-        caller then builds the plain switch session."""
-        model, flags = build_switch_model(self._cat, "where", packed=True)
+        """The switch model's session with ORT's CUDA graph enabled, and its runner; None, with the reason in
+        `graph_off`, where ORT cannot have one (a compute node on the CPU, control flow): the caller then builds
+        the plain switch session."""
+        model, flags = build_switch_model(self._cat, "where")
         model = _with_outputs(model, outputs)
-        own = {i.name for i in self._cat.model.graph.input}
-        packed = [i.name for i in model.graph.input if i.name not in own and i.name not in flags.values()]
         t0 = time.perf_counter()
         data = model.SerializeToString()
         if self._forced_providers is None:
@@ -318,8 +316,9 @@ class OrtCudaBackend:
             self._switch_cpu = None
         else:
             self._switch_cpu = []
-        sess._bisector_inputs = [i.name for i in sess.get_inputs() if i.name != packed[0]]  # type: ignore[attr-defined]
-        sess._bisector_graph = GraphRunner(self.ort, sess, packed[0], device, self.device_id)  # type: ignore[attr-defined]
+        flag_inputs = set(flags.values())
+        sess._bisector_inputs = [i.name for i in sess.get_inputs() if i.name not in flag_inputs]  # type: ignore[attr-defined]
+        sess._bisector_graph = GraphRunner(self.ort, sess, list(flags.values()), device, self.device_id)  # type: ignore[attr-defined]
         return sess
 
     def _mixed_model(self, plan: Plan, outputs: tuple[str, ...]) -> onnx.ModelProto:

@@ -8,7 +8,8 @@ replay needs, and this module provides:
 
 - inputs and outputs at fixed GPU addresses (`IOBinding` to `OrtValue`s allocated once per input signature,
   i.e. input names, shapes and dtypes); a run copies its feed into them (`update_inplace`) and its outputs out;
-- the plan as one bool vector (`switch.PACKED_FLAGS`), copied only when it changed;
+- the plan's flags: each candidate's scalar flag input is bound to one element of a single bool vector on the
+  GPU, so a plan is one copy of that vector (when it changed), and no kernel reads flags out of a vector;
 - a graph per input signature (ORT's `gpu_graph_id` run option; at most `MAX_GRAPHS`, further signatures run
   without one), captured on the thread that runs the search (ORT keeps graphs per thread: runs from another
   thread go the plain way).
@@ -40,13 +41,13 @@ _ANNOTATION = "gpu_graph_id"  # ORT's run option: which graph a run captures or 
 
 
 class GraphRunner:
-    """Runs one session (the packed switch model) through bound inputs and outputs, replaying a CUDA graph per
+    """Runs one session (the switch model) through bound inputs and outputs, replaying a CUDA graph per
     input signature where the provider captures one."""
 
-    def __init__(self, ort: Any, sess: Any, flags_input: str, device: str = "cuda", device_id: int = 0):
+    def __init__(self, ort: Any, sess: Any, flags: Sequence[str], device: str = "cuda", device_id: int = 0):
         self.ort = ort
         self.sess = sess
-        self.flags_input = flags_input
+        self.flags = list(flags)  # the switch model's flag inputs, in the order of a plan's vector
         self.device = device
         self.device_id = int(device_id)
         self.failed: str | None = None  # why graphs were given up, if they were
@@ -59,7 +60,8 @@ class GraphRunner:
         self._plain_options.add_run_config_entry(_ANNOTATION, "-1")
 
     def run(self, feed: Mapping[str, np.ndarray], flags: np.ndarray, outputs: Sequence[str]) -> list[np.ndarray]:
-        """The session's `outputs` for `feed` (the model's own inputs) and the plan's `flags`."""
+        """The session's `outputs` for `feed` (the model's own inputs) and the plan's `flags` (a bool per flag
+        input, in `self.flags`' order)."""
         with self._lock:
             if self.failed is not None or threading.get_ident() != self._owner:
                 return self._plain(feed, flags, outputs)
@@ -87,7 +89,8 @@ class GraphRunner:
 
     def _plain(self, feed, flags, outputs) -> list[np.ndarray]:
         self.plain_runs += 1
-        return self.sess.run(list(outputs), {**feed, self.flags_input: flags}, self._plain_options)
+        named = {name: np.array(bool(v)) for name, v in zip(self.flags, flags)}
+        return self.sess.run(list(outputs), {**feed, **named}, self._plain_options)
 
     def _give_up(self, why: str, feed, flags, outputs, plain: list[np.ndarray] | None = None) -> list[np.ndarray]:
         self.failed = why
@@ -115,7 +118,9 @@ class _Bound:
             self.fed[name] = value
         self.flags = np.array(flags, dtype=bool, copy=True)
         self.flag_value = ort.OrtValue.ortvalue_from_numpy(self.flags, *place)
-        self.binding.bind_ortvalue_input(runner.flags_input, self.flag_value)
+        base = self.flag_value.data_ptr()
+        for k, name in enumerate(runner.flags):  # a scalar input at element k of the vector (bools: no alignment)
+            self.binding.bind_input(name, runner.device, runner.device_id, np.bool_, [], base + k)
         self.outputs = []
         for name, value in zip(outputs, result):
             value = np.asarray(value)
