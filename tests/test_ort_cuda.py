@@ -12,7 +12,7 @@ import onnxruntime as ort
 import pytest
 
 from bisector.backends import backend_factory
-from bisector.backends.ort_cuda import CPU_EP, CUDA_EP, OrtCudaBackend
+from bisector.backends.ort_cuda import CPU_EP, CUDA_EP, REPEAT_CHECKS, OrtCudaBackend
 from bisector.backends.canary import canary_model, run_canary
 from bisector.model.catalog import Catalog
 from bisector.errors import BackendFailure, UsageError
@@ -234,10 +234,13 @@ def test_bound_runs_give_each_plan_what_its_mixed_model_gives():
             np.testing.assert_array_equal(a[k], b[k])
     runner = next(iter(bound._sessions.values()))._bisector_graph
     assert runner.failed is None and len(runner._signatures) == 2
-    # per shape: one plain run to learn the outputs, then CHECK_RUNS bound runs each checked by a plain one
-    assert runner.bound_runs == runs - 2 and runner.plain_runs == 2 + 2 * CHECK_RUNS
+    # per shape: one plain run to learn the outputs, then CHECK_RUNS bound runs each checked by a plain one; and
+    # the session's first REPEAT_CHECKS plans run once more, plainly (the backend's determinism check)
+    plain = 2 + 2 * CHECK_RUNS + REPEAT_CHECKS
+    assert runner.bound_runs == runs - 2 and runner.plain_runs == plain
     d = bound.describe()
-    assert d["cuda_graph"] == "on" and d["cuda_graph_runs"] == f"{runs - 2} bound, {2 + 2 * CHECK_RUNS} plain"
+    assert d["cuda_graph"] == "on" and d["cuda_graph_runs"] == f"{runs - 2} bound, {plain} plain"
+    assert "run_to_run" not in d  # the CPU provider's runs repeat bit for bit
     assert len(bound.session_times) == 1
 
 
@@ -331,3 +334,44 @@ def test_graph_session_tries_every_node_on_the_gpu_then_shape_nodes_on_the_cpu(m
     b2.catalog = cat
     assert b2._graph_session(tuple(cat.output_names)) is None and len(calls) == 2
     assert b2.graph_off.startswith("off: This session contains graph nodes")
+
+
+@pytest.mark.parametrize("graph", [False, True])
+def test_runs_that_differ_between_repeats_are_reported_once(graph, monkeypatch, caplog):
+    """Where two runs of one plan in one session differ (ORT-CUDA's kernels on Magika), the user hears it once,
+    with how far apart, and constraints.json's backend block records it; a session whose runs repeat says
+    nothing (the other tests). Simulated here by a session whose every other run adds 1e-3 to its outputs."""
+    cat, feeds = _encoder_feeds(1, 1)
+    b = OrtCudaBackend(providers=[CPU_EP], graph_optimization="disable", graph=graph)
+    b.open(cat)
+    plan = Plan.all_fp16(cat.candidates)
+    sess = b._session(plan, tuple(cat.output_names))
+    real, calls = sess.run, [0]
+
+    def flaky(*a, **kw):
+        calls[0] += 1
+        out = real(*a, **kw)
+        return [v + np.float32(1e-3) if calls[0] % 2 == 0 and v.dtype == np.float32 else v for v in out]
+
+    monkeypatch.setattr(sess, "run", flaky)
+    with caplog.at_level("WARNING", logger="bisector"):
+        for p in (plan, Plan(frozenset(list(cat.candidates)[:3]), cat.candidates), plan):
+            b.run(p, feeds)
+    assert caplog.text.count("not deterministic on this model") == 1
+    assert abs(float(b.describe()["run_to_run"]) - 1e-3) < 2e-4
+    if graph:  # the graph's own check saw it too, and says it is the session, not the graph
+        runner = sess._bisector_graph
+        assert runner.failed is None or "own plain runs differ" in runner.failed
+
+
+def test_apart_measures_the_largest_difference_and_treats_nan_and_shape_as_different():
+    from bisector.backends.ort_cuda import _apart
+
+    a = np.array([1.0, np.nan, 3.0], np.float32)
+    assert _apart(a, a.copy()) == 0.0
+    assert _apart(a, np.array([1.0, np.nan, 3.5], np.float32)) == pytest.approx(0.5)
+    assert _apart(a, np.array([1.0, 2.0, 3.0], np.float32)) == float("inf")
+    assert _apart(a, a[:2]) == float("inf")
+    assert _apart(np.array([np.inf, 1.0]), np.array([-np.inf, 1.0])) == float("inf")
+    assert _apart(np.array([np.inf, 1.0]), np.array([np.inf, 1.5])) == pytest.approx(0.5)
+    assert _apart(np.array([1, 2]), np.array([1, 3])) == float("inf")

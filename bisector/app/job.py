@@ -52,10 +52,11 @@ class Job:
         description = {
             "model_sha256": self.catalog.sha256, "inputs": self.inputs_info["digest"],
             "golden": golden_digest(self.golden),
-            # what decides verdicts, not what a search observes along the way (ort-cuda's CPU-fallback record, and
-            # whether its runs were CUDA-graph replays: the same session's kernels, checked bit for bit)
+            # what decides verdicts, not what a search observes along the way (ort-cuda's CPU-fallback record,
+            # whether its runs were CUDA-graph replays: the same session's kernels, checked bit for bit; and how far
+            # apart two runs of one plan came)
             "backend": {k: v for k, v in self.backend.describe().items()
-                        if not k.startswith(("cpu_fallback", "cuda_graph"))},
+                        if not k.startswith(("cpu_fallback", "cuda_graph", "run_to_run"))},
             "tolerances": self.tolerance.describe(), "bisector": __version__,
             # a plan is stored as its FP32 nodes: what the others mean depends on which nodes are candidates (the
             # twenty-third round made constant fills weights, no longer candidates)

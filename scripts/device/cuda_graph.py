@@ -166,7 +166,8 @@ def search(model: str, flags: list[str], backend: str, graph: str | None, profil
         pstats.Stats(f"{d}/run.prof", stream=buf).sort_stats("tottime").print_stats(18)
         row["profile"] = buf.getvalue()[-6000:]
     info = c.get("backend") or {}
-    row.update({k: info[k] for k in ("cuda_graph", "cuda_graph_runs", "mode") if k in info})
+    row.update({k: info[k] for k in ("cuda_graph", "cuda_graph_runs", "mode", "run_to_run") if k in info})
+    row["deterministic_warning"] = "not deterministic on this model" in p.stderr
     return row
 
 
