@@ -375,3 +375,34 @@ def test_apart_measures_the_largest_difference_and_treats_nan_and_shape_as_diffe
     assert _apart(np.array([np.inf, 1.0]), np.array([-np.inf, 1.0])) == float("inf")
     assert _apart(np.array([np.inf, 1.0]), np.array([np.inf, 1.5])) == pytest.approx(0.5)
     assert _apart(np.array([1, 2]), np.array([1, 3])) == float("inf")
+
+
+def test_an_input_changed_in_place_is_copied_in_again():
+    """The bound buffers skip the copy only for the same read-only array: a writeable feed changed in place
+    between two runs (its owner reusing the array) gives the new values' outputs, not the old ones."""
+    cat, feeds = _encoder_feeds(1, 1)
+    bound = OrtCudaBackend(providers=[CPU_EP], graph_optimization="disable", graph=True)
+    plain = OrtCudaBackend(providers=[CPU_EP], graph_optimization="disable", switch=False)
+    for b in (bound, plain):
+        b.open(cat)
+    plan = Plan.all_fp16(cat.candidates)
+    from bisector.backends.ort_cuda_graph import CHECK_RUNS
+
+    feeds = {k: np.array(v) for k, v in feeds.items()}
+    for _ in range(2 + CHECK_RUNS):  # past the checked runs: nothing but the copy rule stands between
+        bound.run(plan, feeds)
+    runner = next(iter(bound._sessions.values()))._bisector_graph
+    assert not any(b.checks_left for b in runner._signatures.values())
+    feeds["ids"][...] = (feeds["ids"] + 7) % 1000  # the same array object, other values
+    a, b = bound.run(plan, feeds), plain.run(plan, feeds)
+    assert runner.failed is None
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k])
+    frozen = {k: v.copy() for k, v in feeds.items()}
+    for v in frozen.values():
+        v.flags.writeable = False
+    bound.run(plan, frozen)
+    before = {k: id(v) for k, v in runner._signatures[next(iter(runner._signatures))].fed.items()}
+    bound.run(plan, frozen)  # the same read-only arrays: nothing copied again
+    after = {k: id(v) for k, v in runner._signatures[next(iter(runner._signatures))].fed.items()}
+    assert before == after == {k: id(v) for k, v in frozen.items()}

@@ -116,6 +116,10 @@ def build_job(model: Path, inputs: Inputs, tolerances: Tolerances, backend: Back
             raise UsageError(f"{flag} names unknown output(s) {unknown}; the model's outputs are {catalog.output_names}")
 
     feeds_list, info = feeds_for(catalog, inputs)
+    for feeds in feeds_list:  # nothing may change an input set in place: its golden outputs were computed from it
+        for value in feeds.values():  # (and ort-cuda's GPU copy of it is copied again only where it could change)
+            if isinstance(value, np.ndarray):
+                value.flags.writeable = False
 
     cache_dir = None if cache.no_cache else (cache.cache_dir or default_cache_dir())
     golden = get_golden(catalog, feeds_list, cache_dir, inputs.load_outputs)

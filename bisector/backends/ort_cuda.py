@@ -5,7 +5,11 @@ mixed model writes for it — beside its FP32 form, chosen per run by a boolean 
 algorithm search, happen once per search instead of once per plan: on an H100, a 303-node detector's search took
 6.7 s instead of 56 s (docs/verification.md, "Issue 14: one switch model"). BISECTOR_ORT_CUDA_SWITCH=0 gives each
 plan its strongly typed mixed-precision ONNX (`mixed.build_mixed_model`) and its own ORT session (cached per plan,
-LRU) — with ORT's fusions across neighbouring FP16 nodes, which the switch model cannot have.
+LRU) — with ORT's fusions across neighbouring FP16 nodes, which the switch model cannot have. The switch session
+is replayed as a CUDA graph where ORT can capture one (`ort_cuda_graph`; BISECTOR_ORT_CUDA_GRAPH=0 turns it off):
+a switch run was mostly ORT's per-node work on the CPU (2.6–3.1 × one FP32 inference instead of 5–8 × on three
+detectors, docs/verification.md, "Fortieth round"). The first two plans of every session run twice, so a model on
+which ORT-CUDA's kernels do not repeat themselves is said (`run_to_run`).
 
 What this backend measures that `emulate` does not: the GPU kernels' own arithmetic (some FP16 kernels accumulate
 or compute intermediates in FP16) and ORT's fusions. What it cannot promise: a node that ORT places on the CPU

@@ -121,11 +121,14 @@ class _Bound:
         self.fed: dict[str, np.ndarray] = {}  # the arrays last copied in (held, so `is` can tell them again)
         for name, value in feed.items():
             value = np.ascontiguousarray(value)
-            self.inputs[name] = ort.OrtValue.ortvalue_from_numpy(value, *place)
+            # On the GPU the OrtValue is a copy; on the CPU (the stand-in) it would wrap the caller's array itself
+            # (ORT's wrapper keeps that array alive), so it wraps a copy, and the stand-in copies in as the GPU does
+            buffer = value if runner.device != "cpu" else np.array(value, copy=True)
+            self.inputs[name] = ort.OrtValue.ortvalue_from_numpy(buffer, *place)
             self.binding.bind_ortvalue_input(name, self.inputs[name])
             self.fed[name] = value
         self.flags = np.array(flags, dtype=bool, copy=True)
-        self.flag_value = ort.OrtValue.ortvalue_from_numpy(self.flags, *place)
+        self.flag_value = ort.OrtValue.ortvalue_from_numpy(np.array(self.flags, copy=True), *place)
         base = self.flag_value.data_ptr()
         for k, name in enumerate(runner.flags):  # a scalar input at element k of the vector (bools: no alignment)
             self.binding.bind_input(name, runner.device, runner.device_id, np.bool_, [], base + k)
@@ -141,7 +144,9 @@ class _Bound:
 
     def run(self, feed: Mapping[str, np.ndarray], flags: np.ndarray) -> list[np.ndarray]:
         for name, value in feed.items():
-            if value is not self.fed[name]:  # another input set of the same shapes
+            # The same read-only array as last time cannot hold other values; any other (another input set of the
+            # same shapes, or a writeable array its owner may have changed in place) is copied in again
+            if value is not self.fed[name] or value.flags.writeable:
                 value = np.ascontiguousarray(value)
                 self.inputs[name].update_inplace(value)
                 self.fed[name] = value
