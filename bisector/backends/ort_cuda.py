@@ -7,7 +7,7 @@ algorithm search, happen once per search instead of once per plan: on an H100, a
 plan its strongly typed mixed-precision ONNX (`mixed.build_mixed_model`) and its own ORT session (cached per plan,
 LRU) — with ORT's fusions across neighbouring FP16 nodes, which the switch model cannot have. The switch session
 is replayed as a CUDA graph where ORT can capture one (`ort_cuda_graph`; BISECTOR_ORT_CUDA_GRAPH=0 turns it off):
-a switch run was mostly ORT's per-node work on the CPU (2.6–3.1 × one FP32 inference instead of 5–8 × on three
+a switch run was mostly ORT's per-node work on the CPU (2.6–3.7 × one FP32 inference instead of 5–8 × on three
 detectors, docs/verification.md, "Fortieth round"). The first two plans of every session run twice, so a model on
 which ORT-CUDA's kernels do not repeat themselves is said (`run_to_run`).
 
