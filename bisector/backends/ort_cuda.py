@@ -146,7 +146,8 @@ class OrtCudaBackend:
             runners = [r for r in (getattr(s, "_bisector_graph", None) for s in self._sessions.values()) if r]
             if self._uses_graph():  # not part of the journal key (the same kernels; job.py)
                 d["cuda_graph"] = self.graph_off or next((f"off: {r.failed}" for r in runners if r.failed), "on")
-                d["cuda_graph_runs"] = f"{sum(r.bound_runs for r in runners)} bound, {sum(r.plain_runs for r in runners)} plain"
+                bound, plain = sum(r.bound_runs for r in runners), sum(r.plain_runs for r in runners)
+                d["cuda_graph_runs"] = f"{bound} bound, {plain} plain"
         if self._device:
             d.update({f"device_{k}": v for k, v in self._device.items()})
         extra = extra_cuda_options()
@@ -232,13 +233,15 @@ class OrtCudaBackend:
             return [p if isinstance(p, str) else p[0] for p in self._forced_providers]
         return [CUDA_EP]
 
-    def _providers(self, allow_cpu: bool) -> list[Any]:
+    def _providers(self, allow_cpu: bool, graph: bool = False) -> list[Any]:
         if self._forced_providers is not None:
             return list(self._forced_providers)
         # use_tf32=0: ORT's CUDA provider runs FP32 MatMul/Conv in TF32 by default (10-bit mantissa), so a node
         # kept "FP32" would not be FP32 and even the all-FP32 plan fails tight tolerances (seen on the H100).
-        cuda = (CUDA_EP, {"device_id": str(self.device_id), "use_tf32": "0", **extra_cuda_options()})
-        return [cuda, CPU_EP] if allow_cpu else [cuda]
+        options = {"device_id": str(self.device_id), "use_tf32": "0", **extra_cuda_options()}
+        if graph:
+            options["enable_cuda_graph"] = "1"
+        return [(CUDA_EP, options), CPU_EP] if allow_cpu else [(CUDA_EP, options)]
 
     def _options(self, strict: bool, profile: bool):
         so = ort_pool.session_options()  # the process's choice of pool (bisector.ort_pool), as every session
@@ -267,10 +270,7 @@ class OrtCudaBackend:
         if self.switch and self._uses_graph() and self.graph_off is None:
             sess = self._graph_session(outputs)
             if sess is not None:
-                self._sessions[key] = sess
-                while len(self._sessions) > self.session_cache_size:
-                    self._sessions.popitem(last=False)
-                return sess
+                return self._keep(key, sess)
         if self.switch:
             model, self._flags = build_switch_model(self._cat, self.switch_kind)
             model = _with_outputs(model, outputs)
@@ -303,6 +303,10 @@ class OrtCudaBackend:
             raise UsageError(f"--backend ort-cuda: ONNX Runtime did not enable the CUDA provider on device "
                              f"{self.device_id} (session providers {sess.get_providers()}). {_INSTALL_HINT}")
         self.session_times.append(time.perf_counter() - t0)
+        return self._keep(key, sess)
+
+    def _keep(self, key: tuple, sess):
+        """`sess` cached under `key`, the least recently used beyond `session_cache_size` let go."""
         self._sessions[key] = sess
         while len(self._sessions) > self.session_cache_size:
             self._sessions.popitem(last=False)
@@ -320,12 +324,11 @@ class OrtCudaBackend:
         t0 = time.perf_counter()
         data = model.SerializeToString()
         if self._forced_providers is None:
-            cuda = (CUDA_EP, {"device_id": str(self.device_id), "use_tf32": "0", **extra_cuda_options(),
-                              "enable_cuda_graph": "1"})
             # Every node on the GPU; else the shape computations alone on the CPU, which ORT's graph allows where
             # no copy between the two is needed (YOLOv8n: its Shape/Gather/Concat chains), placement profiled
-            attempts = [([cuda], self._options(strict=True, profile=False), False),
-                        ([cuda, CPU_EP], self._options(strict=False, profile=True), True)]
+            attempts = [(self._providers(allow_cpu=False, graph=True), self._options(strict=True, profile=False),
+                         False),
+                        (self._providers(allow_cpu=True, graph=True), self._options(strict=False, profile=True), True)]
             device = "cuda"
         else:  # a CPU stand-in (tests): the same bound runs, without a graph to capture
             attempts = [(list(self._forced_providers), self._options(strict=False, profile=False), False)]
@@ -349,8 +352,10 @@ class OrtCudaBackend:
         else:
             self._switch_cpu = []
         flag_inputs = set(flags.values())
-        sess._bisector_inputs = [i.name for i in sess.get_inputs() if i.name not in flag_inputs]  # type: ignore[attr-defined]
-        sess._bisector_graph = GraphRunner(self.ort, sess, list(flags.values()), device, self.device_id)  # type: ignore[attr-defined]
+        inputs = [i.name for i in sess.get_inputs() if i.name not in flag_inputs]
+        sess._bisector_inputs = inputs  # type: ignore[attr-defined]
+        runner = GraphRunner(self.ort, sess, list(flags.values()), device, self.device_id)
+        sess._bisector_graph = runner  # type: ignore[attr-defined]
         return sess
 
     def _mixed_model(self, plan: Plan, outputs: tuple[str, ...]) -> onnx.ModelProto:
