@@ -406,3 +406,27 @@ def test_an_input_changed_in_place_is_copied_in_again():
     bound.run(plan, frozen)  # the same read-only arrays: nothing copied again
     after = {k: id(v) for k, v in runner._signatures[next(iter(runner._signatures))].fed.items()}
     assert before == after == {k: id(v) for k, v in frozen.items()}
+
+
+def test_buffers_that_cannot_be_bound_turn_graphs_off_and_the_search_goes_on(monkeypatch, caplog):
+    """Binding the buffers can fail (no GPU memory left for them, an ORT that refuses a binding): the run still
+    answers, from the plain run it made first, and the rest of the search runs plainly."""
+    from bisector.backends import ort_cuda_graph
+
+    def refuse(self, *a, **kw):
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(ort_cuda_graph._Bound, "__init__", refuse)
+    cat, feeds = _encoder_feeds(1, 1)
+    bound = OrtCudaBackend(providers=[CPU_EP], graph_optimization="disable", graph=True)
+    plain = OrtCudaBackend(providers=[CPU_EP], graph_optimization="disable", switch=False)
+    for b in (bound, plain):
+        b.open(cat)
+    plan = Plan.all_fp16(cat.candidates)
+    with caplog.at_level("WARNING", logger="bisector"):
+        for _ in range(2):
+            a, b = bound.run(plan, feeds), plain.run(plan, feeds)
+            for k in a:
+                np.testing.assert_array_equal(a[k], b[k])
+    assert bound.describe()["cuda_graph"] == "off: could not bind the buffers: out of memory"
+    assert caplog.text.count("CUDA graphs off") == 1

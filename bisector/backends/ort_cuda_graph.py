@@ -70,8 +70,12 @@ class GraphRunner:
             if bound is None:
                 result = self._plain(feed, flags, outputs)
                 if len(self._signatures) < MAX_GRAPHS:  # the plain run tells the outputs' shapes
-                    self._signatures[signature] = _Bound(self, len(self._signatures) + 1, feed, flags, outputs,
-                                                         result)
+                    try:
+                        self._signatures[signature] = _Bound(self, len(self._signatures) + 1, feed, flags,
+                                                             outputs, result)
+                    except Exception as e:  # noqa: BLE001 - no room for the buffers, a binding ORT refuses
+                        return self._give_up(f"could not bind the buffers: {str(e).strip()[:300]}", feed, flags,
+                                             outputs, result)
                 return result
             try:
                 result = bound.run(feed, flags)
