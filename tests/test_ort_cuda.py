@@ -204,6 +204,15 @@ def _encoder_feeds(batch: int, seed: int):
     return cat, generate_inputs(cat, ENCODER_RANGES, {"ids": (batch, 32), "mask": (batch, 32)}, seed=seed)[0]
 
 
+def _bound_and_per_plan(cat):
+    """The switch model's bound runs (the CUDA-graph path on the CPU stand-in) and a session per plan, both open."""
+    bound = OrtCudaBackend(providers=[CPU_EP], graph_optimization="disable", graph=True)
+    per_plan = OrtCudaBackend(providers=[CPU_EP], graph_optimization="disable", switch=False)
+    for b in (bound, per_plan):
+        b.open(cat)
+    return bound, per_plan
+
+
 def test_bound_runs_give_each_plan_what_its_mixed_model_gives():
     """The switch model's bound runs (the CUDA-graph path, here on the CPU stand-in: every step but the capture):
     plans and input sets of one shape alternate through the same buffers, a second shape gets its own; each run
@@ -215,11 +224,8 @@ def test_bound_runs_give_each_plan_what_its_mixed_model_gives():
     feeds_b = _encoder_feeds(1, 2)[1]
     feeds_c = _encoder_feeds(2, 3)[1]
     assert not np.array_equal(feeds_a["ids"], feeds_b["ids"])
-    per_plan = OrtCudaBackend(providers=[CPU_EP], graph_optimization="disable", switch=False)
-    bound = OrtCudaBackend(providers=[CPU_EP], graph_optimization="disable", graph=True)
+    bound, per_plan = _bound_and_per_plan(cat)
     assert not OrtCudaBackend(providers=[CPU_EP]).graph  # a stand-in runs plainly unless asked
-    for b in (per_plan, bound):
-        b.open(cat)
     cands = list(cat.candidates)
     rng = np.random.default_rng(5)
     plans = [Plan(frozenset(c for c in cands if rng.random() < 0.5), cat.candidates) for _ in range(6)]
@@ -256,10 +262,7 @@ def test_a_replay_that_differs_turns_graphs_off_and_the_plain_run_answers(monkey
 
     monkeypatch.setattr(ort_cuda_graph._Bound, "run", off_by_one_ulp)
     cat, feeds = _encoder_feeds(1, 1)
-    per_plan = OrtCudaBackend(providers=[CPU_EP], graph_optimization="disable", switch=False)
-    bound = OrtCudaBackend(providers=[CPU_EP], graph_optimization="disable", graph=True)
-    for b in (per_plan, bound):
-        b.open(cat)
+    bound, per_plan = _bound_and_per_plan(cat)
     plans = [Plan.all_fp16(cat.candidates), Plan(frozenset(list(cat.candidates)[:5]), cat.candidates)] * 2
     with caplog.at_level("WARNING", logger="bisector"):
         for plan in plans:
@@ -381,10 +384,7 @@ def test_an_input_changed_in_place_is_copied_in_again():
     """The bound buffers skip the copy only for the same read-only array: a writeable feed changed in place
     between two runs (its owner reusing the array) gives the new values' outputs, not the old ones."""
     cat, feeds = _encoder_feeds(1, 1)
-    bound = OrtCudaBackend(providers=[CPU_EP], graph_optimization="disable", graph=True)
-    plain = OrtCudaBackend(providers=[CPU_EP], graph_optimization="disable", switch=False)
-    for b in (bound, plain):
-        b.open(cat)
+    bound, plain = _bound_and_per_plan(cat)
     plan = Plan.all_fp16(cat.candidates)
     from bisector.backends.ort_cuda_graph import CHECK_RUNS
 
@@ -418,10 +418,7 @@ def test_buffers_that_cannot_be_bound_turn_graphs_off_and_the_search_goes_on(mon
 
     monkeypatch.setattr(ort_cuda_graph._Bound, "__init__", refuse)
     cat, feeds = _encoder_feeds(1, 1)
-    bound = OrtCudaBackend(providers=[CPU_EP], graph_optimization="disable", graph=True)
-    plain = OrtCudaBackend(providers=[CPU_EP], graph_optimization="disable", switch=False)
-    for b in (bound, plain):
-        b.open(cat)
+    bound, plain = _bound_and_per_plan(cat)
     plan = Plan.all_fp16(cat.candidates)
     with caplog.at_level("WARNING", logger="bisector"):
         for _ in range(2):
