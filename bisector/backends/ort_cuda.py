@@ -43,7 +43,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from bisector import __version__, ort_pool
-from bisector.backends.ort_cuda_graph import GRAPH_ENV, GraphRunner
+from bisector.backends.ort_cuda_graph import GRAPH_ENV, GraphRunner, same_bits
 from bisector.errors import BackendFailure, BuildFailure, UsageError
 from bisector.fp16.casts import FLOAT, cast, fp16_name
 from bisector.fp16.mixed import build_mixed_model
@@ -424,9 +424,9 @@ class OrtCudaBackend:
 def _apart(a: Any, b: Any) -> float:
     """0 where `a` and `b` are the same bits; else the largest absolute difference (inf where only one is finite,
     or where they differ in anything but float values)."""
-    a, b = np.asarray(a), np.asarray(b)
-    if a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes():
+    if same_bits(a, b):
         return 0.0
+    a, b = np.asarray(a), np.asarray(b)
     if a.shape != b.shape or a.dtype.kind != "f" or b.dtype.kind != "f":
         return float("inf")
     x, y = a.astype(np.float64), b.astype(np.float64)

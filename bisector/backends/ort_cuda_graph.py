@@ -85,10 +85,10 @@ class GraphRunner:
             if bound.checks_left:
                 bound.checks_left -= 1
                 plain = self._plain(feed, flags, outputs)
-                if not all(_same_bits(a, b) for a, b in zip(result, plain)):
+                if not all(same_bits(a, b) for a, b in zip(result, plain)):
                     again = self._plain(feed, flags, outputs)
                     why = ("a replayed run differed from the same session's plain run" if
-                           all(_same_bits(a, b) for a, b in zip(plain, again)) else
+                           all(same_bits(a, b) for a, b in zip(plain, again)) else
                            "the session's own plain runs differ from each other, so no replay can be checked")
                     return self._give_up(why, feed, flags, outputs, plain)
             self.bound_runs += 1
@@ -165,6 +165,7 @@ class _Bound:
         return [out.numpy() for out in self.outputs]
 
 
-def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+def same_bits(a: Any, b: Any) -> bool:
+    """The same shape, dtype and bytes (NaN payloads included): what a replay must give (and `ort_cuda._apart`'s 0)."""
     a, b = np.asarray(a), np.asarray(b)
     return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
