@@ -70,8 +70,23 @@ from ._util import Asker, greedy_reduce, group_reduce, one_minimal, one_minimal_
 from .gt import GroupTesting, _AllFail, _log_comb
 
 
+# What the search costs after its shortest passing prefix is known, per member of the prefix (the shrink, the
+# cyclic 1-minimality check, the swaps). Measured on the 18 ranked searches of bench/estimates.py's real-model cases
+# (docs/benchmarks.md, "Issue 15, forty-first round"): 0.47-5.4, median 2.2; on monotone additive oracles ~1.1, with
+# 10-30% jitter 2.1-2.5 (a real oracle is not monotone near the tolerance: the check re-asks after late removals).
+# It was 1.3, which put the estimate short of the real total on 14 of those 18 searches (0.26-0.96).
+PREFIX_EVALUATIONS_PER_MEMBER = 2.2
+
+
 class _Diffuse(Exception):
     """More culprits than sparse group testing should meet: switch to the ranked search."""
+
+
+def _entropy(p: float) -> float:
+    """Bits of a yes/no answer that is yes with probability p."""
+    if p <= 0.0 or p >= 1.0:
+        return 0.0
+    return -(p * math.log2(p) + (1 - p) * math.log2(1 - p))
 
 
 def _positive_map(value: object, cands: Sequence[str]) -> dict[str, float] | None:
@@ -251,16 +266,22 @@ class Auto(GroupTesting):
         return self._one_minimal(ask, result, order)
 
     def _estimate_fallback(self, ask: Asker, n: int) -> None:
-        """On falling back to ``gt``: its rate so far extrapolated — evaluations per decided candidate and culprits
-        per decided candidate at the switch, over the candidates still undecided — plus the cyclic check (about
-        two evaluations per culprit). Rough (0.4-2.6x the real total on five registry cases, where "at least" had
-        said 78 for 367), but it tells hundreds from tens before they are spent."""
+        """On falling back to ``gt``: what group testing costs over the candidates still undecided, at the share
+        of culprits among the candidates decided at the switch, plus the cyclic check (about two evaluations per
+        culprit). Group testing spends about 1.3 x the information it gathers: 1.3·H(p) evaluations per candidate
+        for a share p of culprits (H: the binary entropy, at most one bit). Until the forty-first round the
+        evaluations per decided candidate at the switch were extrapolated instead; those are mostly the first
+        large groups' tests, and where no group had passed yet (a 1200-node chain: every decided candidate a
+        culprit) that said 11 532 for a search of 2773. On 13 searches that fall back (bench/estimates.py) the
+        estimate went from 0.45-4.16 x the real total to 0.49-1.61 x (docs/benchmarks.md, "Issue 15,
+        forty-first round"); it tells hundreds from tens before they are spent."""
         state = getattr(self, "_at_switch", None)
         if not state:
             return
-        found, decided, undecided, asked = state
-        culprits = found + found * undecided / max(decided, 1)  # gt's, before the check
-        total = len(ask.memo) + asked * undecided / max(decided, 1) + 2 * culprits + 1
+        found, decided, undecided, _asked = state
+        share = (found + 1) / (decided + 2)  # of culprits among the decided (with one of each assumed: a prior)
+        culprits = found + share * undecided  # gt's, before the check
+        total = len(ask.memo) + 1.3 * undecided * _entropy(share) + 2 * culprits + 1
         # the set: only a lower bound (the culprits so far); gt's culprits extrapolated are no guide to it (registry
         # models: 142 extrapolated, 50 found, 11 after the check; equal weights: 38, 161, 161)
         self._estimate(ask, n, found, diffuse=True, size=max(1, found), evaluations=int(round(total)),
@@ -280,7 +301,9 @@ class Auto(GroupTesting):
         else:
             advice = (
                 "The FP16 error looks sparse (a few culprits): group testing needs about "
-                "1.3·log2 C(N, k) evaluations. To stop earlier: `--max-evals`, or `--strategy bisect`."
+                "1.3·log2 C(N, k) evaluations. If more culprits turn up, the error is diffuse and the search "
+                "longer (up to 28 times this on real models at tight tolerances): a new estimate follows then. "
+                "To stop earlier: `--max-evals`, or `--strategy bisect`."
             )
         if not diffuse and final and self._estimated:
             return
@@ -586,8 +609,8 @@ class Auto(GroupTesting):
             return None
         # the set: at most the prefix (the shrink only removes; a swap takes two out for one): 12-80% of it
         # on the registry models and generated transformers, too spread to say "about"
-        self._estimate(ask, n, hi, diffuse=True, size=hi, evaluations=len(ask.memo) + int(1.3 * hi) + 2,
-                       at_most_set=True)
+        self._estimate(ask, n, hi, diffuse=True, size=hi,
+                       evaluations=len(ask.memo) + int(PREFIX_EVALUATIONS_PER_MEMBER * hi) + 2, at_most_set=True)
 
         # 3. shrink: least likely (per cost) first
         pos = {x: i for i, x in enumerate(rank)}
