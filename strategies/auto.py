@@ -48,10 +48,10 @@ fixed cost does not pay, ``gt`` goes on), ``auto`` switches:
 Estimate
 --------
 After the first evaluations (when the first culprit is isolated, or on switching to the diffuse search, and
-once more when the prefix is known; on falling back to ``gt``, from its rate so far, and once more when its
-culprits are known) ``progress`` receives ``{"estimate": {"evaluations", "set_size",
-"diffuse", "advice"}}`` — expected total evaluations and FP32 set size, whether the error looks diffuse, and
-cheaper alternatives.
+once more when the prefix is known; on falling back to ``gt``, from what group testing has left to learn, and
+once more when its culprits are known; bench/estimates.py measures each against the real total) ``progress``
+receives ``{"estimate": {"evaluations", "set_size", "diffuse", "advice"}}`` — expected total evaluations and
+FP32 set size, whether the error looks diffuse, and cheaper alternatives.
 
 Determinism: the probes come from a fixed-seed generator and every choice depends only on earlier answers, so
 the same answers give the same calls (a resumed search replays from the journal). The result is verified
