@@ -47,6 +47,7 @@ bench: bytecode
 	$(PY) bench/scale.py
 	$(PY) bench/parallel.py --quick --wall
 	$(PY) bench/debug_overhead.py
+	$(PY) bench/estimates.py --no-registry
 
 fixtures: $(STAMP)
 	$(PY) fixtures/generate.py
