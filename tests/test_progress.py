@@ -133,6 +133,23 @@ def test_strategy_estimate_is_said_once_and_drives_the_eta():
     assert "estimate: about 900 evaluations in all, a set of at least 9 node(s)" in stream.getvalue()
 
 
+def test_the_advice_is_said_when_it_changes_not_with_every_estimate():
+    """A diffuse search says three or four estimates with the same paragraph of advice: the number changes, the
+    advice is said once (and again only when it changes, as from sparse to diffuse)."""
+    stream = io.StringIO()
+    p = SearchProgress(100, stream=stream, live=False)
+    sparse, diffuse = "Group testing needs about 9.", "Loosen the tolerance or cap the search with --max-evals."
+    p({"estimate": {"evaluations": 20, "set_size": 3, "diffuse": False, "advice": sparse}})
+    p({"estimate": {"evaluations": 60, "set_size": 9, "diffuse": True, "advice": diffuse, "at_least": True}})
+    p({"estimate": {"evaluations": 300, "set_size": 50, "diffuse": True, "advice": diffuse, "set_at_most": True}})
+    p({"estimate": {"evaluations": 280, "set_size": 40, "diffuse": True, "advice": diffuse, "set_at_most": True}})
+    lines = [ln for ln in stream.getvalue().splitlines() if "estimate:" in ln]
+    assert len(lines) == 4
+    assert lines[0].endswith(sparse) and lines[1].endswith(diffuse)
+    assert "--max-evals" not in lines[2] and "--max-evals" not in lines[3]
+    assert "about 300 evaluations" in lines[2] and "about 280 evaluations" in lines[3]
+
+
 def test_ranking_runs_are_shown_and_left_out_of_the_time_per_evaluation():
     """The predicted ranking's runs (no evaluations) appear as they go — a plain line every 10 s and the last,
     the live panel's phase row — and their seconds do not count in the time per evaluation, so the time left

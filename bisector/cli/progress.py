@@ -49,7 +49,8 @@ class SearchProgress:
         self.last_passed: bool | None = None
         self.best: frozenset[str] | None = None
         self.expected_total: int | None = None  # the strategy's own estimate of the evaluations in all
-        self.last_estimate = ""
+        self.last_estimate = ""  # the last estimate said (its fields), so that the same one is said once
+        self.last_advice = ""  # said once: the estimates after it that carry the same advice leave it out
         self.ranking: dict | None = None  # the predicted ranking's runs: {"runs", "total", "seconds"}, while they go
         self.ranking_seconds = 0.0  # time in those runs: no evaluations, so not in the time per evaluation
         self._ranking_line = -1e9  # when the last plain ranking line was printed
@@ -149,15 +150,21 @@ class SearchProgress:
         size_about = ("at most" if e.get("set_at_most") else "at least" if e.get("set_at_least")  # bounds on the set
                       else about)
         runs = e.get("ranking_runs")
+        # The advice is a paragraph; a diffuse search's three or four estimates all carried the same one (the
+        # 60-output chain: four lines of ~400 characters for four numbers), so it is said when it changes
+        key = repr(sorted((k, str(v)) for k, v in e.items()))
+        if key == self.last_estimate:
+            return  # said already
+        self.last_estimate = key
+        advice = e.get("advice") if e.get("advice") and e.get("advice") != self.last_advice else ""
         text = (f"estimate: {about} {total} evaluations in all"
                 + (f" (first {runs} single-node emulator runs to rank the nodes, not evaluations)"
                    if isinstance(runs, int) and runs > 0 else "")
                 + f", a set of {size_about} {size} node(s)"
                 + ("; FP16 error is diffuse (many nodes each add a little)" if e.get("diffuse") else "")
-                + (f". {e['advice']}" if e.get("advice") else ""))
-        if text != self.last_estimate:
-            self.last_estimate = text
-            self._line(text)  # also under the live display: the estimate is worth a line in the log
+                + (f". {advice}" if advice else ""))
+        self.last_advice = e.get("advice") or self.last_advice
+        self._line(text)  # also under the live display: the estimate is worth a line in the log
 
     def _on_ranking(self, r: dict) -> None:
         """The driver's ranking runs (no evaluations): shown on the phase row, in plain mode a line every 10 s."""
