@@ -49,7 +49,7 @@ class SearchProgress:
         self.last_passed: bool | None = None
         self.best: frozenset[str] | None = None
         self.expected_total: int | None = None  # the strategy's own estimate of the evaluations in all
-        self.last_estimate = ""  # the last estimate said (its fields), so that the same one is said once
+        self.last_estimate: dict | None = None  # the last estimate said, so that the same one is said once
         self.last_advice = ""  # said once: the estimates after it that carry the same advice leave it out
         self.ranking: dict | None = None  # the predicted ranking's runs: {"runs", "total", "seconds"}, while they go
         self.ranking_seconds = 0.0  # time in those runs: no evaluations, so not in the time per evaluation
@@ -152,10 +152,9 @@ class SearchProgress:
         runs = e.get("ranking_runs")
         # The advice is a paragraph; a diffuse search's three or four estimates all carried the same one (the
         # 60-output chain: four lines of ~400 characters for four numbers), so it is said when it changes
-        key = repr(sorted((k, str(v)) for k, v in e.items()))
-        if key == self.last_estimate:
+        if e == self.last_estimate:
             return  # said already
-        self.last_estimate = key
+        self.last_estimate = dict(e)
         advice = e.get("advice") if e.get("advice") and e.get("advice") != self.last_advice else ""
         text = (f"estimate: {about} {total} evaluations in all"
                 + (f" (first {runs} single-node emulator runs to rank the nodes, not evaluations)"
