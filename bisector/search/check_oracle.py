@@ -43,7 +43,12 @@ class CheckVerdict(Verdict):
         return float(self.seconds.get("check", 0.0))
 
     def to_json(self) -> dict:
-        d = super().to_json()
+        return self._with_check(super().to_json())
+
+    def journal_json(self) -> dict:
+        return self._with_check(super().journal_json())
+
+    def _with_check(self, d: dict) -> dict:
         d.update(status=self.status, returncode=self.returncode, signal=self.signal, reason=self.reason,
                  output=self.output, timeout=self.timeout, iteration=self.iteration)
         return d

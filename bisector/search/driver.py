@@ -89,6 +89,8 @@ def run_search(
     except BudgetExhausted as exc:
         raise AccuracyFailure(f"the budget ran out before any evaluation ({exc})") from None
     if not top.passed:
+        if top.slimmed:  # from the journal, which keeps only the worst output's comparison: the message names them all
+            top = oracle.confirm(frozenset(candidates))
         worst = ", ".join(
             f"{n} ({r.reason})" if r.reason else
             f"{n} (needs abs {r.required_abs:.3g} / rel {r.required_rel:.3g}; tolerance {r.atol:g}/{r.rtol:g}"

@@ -5,8 +5,11 @@ its options, tolerances, tool version — plus the plan. A resumed search replay
 gets each repeated plan from here; entries under other keys are kept, never overwritten. A kill -9 loses at most
 the evaluation in flight: each verdict is its own committed transaction.
 
-Keys are unambiguous: the journal key is the sha256 of the description as canonical JSON, the plan key a JSON list
-of names (`Plan.key`), so no name (with commas, quotes, newlines) can make two different entries share a key.
+Keys are unambiguous: the journal key is the sha256 of the description as canonical JSON, the plan key the sha256
+of a JSON list of names (`Plan.key`), so no name (with commas, quotes, newlines) can make two different entries
+share a key. (Journals written before the forty-second round keyed a plan by that list itself: 11 KB a row on a
+1200-node chain, twice, since the primary key's index holds it too; such rows are still read.) A row keeps what
+a search reads back of its verdict (`Verdict.journal_json`), not every output's comparison.
 
 Trust: the file is checked on open (`PRAGMA quick_check`); a damaged file is a UsageError (exit 2) naming it and
 saying what to do — delete it, or run with `--no-resume`, which sets the damaged file aside (`*.corrupt-<time>`)
@@ -53,6 +56,11 @@ CREATE TABLE IF NOT EXISTS keys (key TEXT PRIMARY KEY, description TEXT NOT NULL
 
 def journal_key(description: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(description, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def plan_digest(names: str) -> str:
+    """A plan's key in the journal: the sha256 of `Plan.key()` (the sorted names as a JSON list), tagged."""
+    return "sha256:" + hashlib.sha256(names.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def row_checksum(key: str, plan: str, verdict: str) -> str:
@@ -118,6 +126,10 @@ class SqliteJournal:
                 self.db.execute("ALTER TABLE evaluations ADD COLUMN checksum TEXT")
             self.db.execute("INSERT OR IGNORE INTO keys VALUES (?, ?)",
                             (self.key, json.dumps(self.description, sort_keys=True, default=str)))
+            # rows keyed by the plan's names themselves (an earlier version's): looked up that way too, only then
+            self._legacy = self.db.execute(
+                "SELECT 1 FROM evaluations WHERE key=? AND plan NOT LIKE 'sha256:%' LIMIT 1", (self.key,)
+            ).fetchone() is not None
         except sqlite3.DatabaseError as exc:
             self.db.close()
             if isinstance(exc, sqlite3.OperationalError) and ("locked" in str(exc) or "busy" in str(exc)):
@@ -171,10 +183,15 @@ class SqliteJournal:
         or not trusted — then it is judged again and the row replaced)."""
         if not self.resume:
             return None
-        key = plan.key()
+        names = plan.key()
+        key = plan_digest(names)
         try:
             row = self.db.execute("SELECT verdict, checksum FROM evaluations WHERE key=? AND plan=?",
                                   (self.key, key)).fetchone()
+            if row is None and self._legacy:
+                key = names
+                row = self.db.execute("SELECT verdict, checksum FROM evaluations WHERE key=? AND plan=?",
+                                      (self.key, key)).fetchone()
         except sqlite3.DatabaseError as exc:
             raise self._error(exc) from None
         if row is None:
@@ -183,18 +200,23 @@ class SqliteJournal:
         if checksum != row_checksum(self.key, key, text):
             why = "no checksum (an earlier version's row)" if checksum is None else "checksum mismatch"
             log.warning("journal %s: the entry for plan %s is not trusted (%s): judging it again", self.path,
-                        key[:80], why)
+                        names[:80], why)
             return None
         try:
             doc = json.loads(text)
         except ValueError as exc:
-            log.warning("journal %s: unreadable entry for plan %s (%s): judging it again", self.path, key[:80], exc)
+            log.warning("journal %s: unreadable entry for plan %s (%s): judging it again", self.path, names[:80], exc)
             return None
-        return doc if isinstance(doc, dict) else None
+        if not isinstance(doc, dict):
+            return None
+        # the row's plan is its FP32 set (the checksum binds the verdict to it): rows of an earlier version carry
+        # the set themselves, which `lookup` checks against the plan
+        doc.setdefault("fp32", sorted(plan.fp32))
+        return doc
 
     def record(self, plan: Plan, verdict: Verdict) -> None:
         # Same key and plan: a --no-resume run (or a distrusted row) re-judged it; the newer verdict replaces it.
-        key, text = plan.key(), json.dumps(verdict.to_json())
+        key, text = plan_digest(plan.key()), json.dumps(verdict.journal_json())
         try:
             self.db.execute(
                 "INSERT OR REPLACE INTO evaluations (key, plan, passed, verdict, created, checksum) "

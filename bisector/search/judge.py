@@ -69,12 +69,34 @@ class Verdict:
                 "outputs": {k: o.to_json() for k, o in self.outputs.items()},
                 **({"screened": list(self.screened)} if self.screened is not None else {})}
 
+    def journal_json(self) -> dict:
+        """What the journal keeps of this verdict: what a search reads back from it, as `slim` keeps it in memory
+        (`passed`, `excess`: the worst output's comparison, and the failing outputs' names), and not the FP32
+        set, which is the row's plan (`journal.lookup_json` puts it back). Every output's comparison made a
+        60-output model's row 39 KB and their encoding a quarter of its search's time (docs/benchmarks.md,
+        "Scale, forty-second round"). Where a verdict from the journal is shown, it is judged again in full
+        (`Oracle.confirm`: the final set, a failing all-FP32 set)."""
+        d: dict = {"passed": self.passed, "worst_set": self.worst_set, "seconds": self.seconds}
+        outputs = self.outputs
+        if len(outputs) > 1 or self.slimmed:
+            worst = max(outputs, key=lambda k: outputs[k].excess)
+            d.update(slim=True, failing=self.failing)
+            outputs = {worst: outputs[worst]}
+        d["outputs"] = {k: o.to_json() for k, o in outputs.items()}
+        if self.screened is not None:
+            d["screened"] = list(self.screened)
+        return d
+
     @classmethod
     def from_json(cls, d: dict) -> "Verdict":
         outputs = {k: OutputComparison.from_json(k, o) for k, o in d["outputs"].items()}
         screened = d.get("screened")
-        return cls(frozenset(d["fp32"]), bool(d["passed"]), outputs, int(d["worst_set"]), dict(d.get("seconds", {})),
-                   screened=tuple(int(x) for x in screened) if screened else None)  # type: ignore[arg-type]
+        v = cls(frozenset(d["fp32"]), bool(d["passed"]), outputs, int(d["worst_set"]), dict(d.get("seconds", {})),
+                screened=tuple(int(x) for x in screened) if screened else None)  # type: ignore[arg-type]
+        if d.get("slim"):  # `journal_json`: the worst output's comparison, the failing outputs' names
+            v.slimmed = True
+            v.failing_names = tuple(str(x) for x in d.get("failing", ()))
+        return v
 
 
 @dataclass
