@@ -84,24 +84,21 @@ def test_rows_an_earlier_version_wrote_are_still_replayed(tmp_path, monkeypatch)
 
     model, _ = _many_outputs(tmp_path / "m.onnx")
     cache = tmp_path / "c"
-    sets = {}  # the digest of each recorded plan -> its names, as Plan.key() wrote them
+    old_rows = {}  # the digest of each recorded plan -> the row the forty-first round wrote for it
     record = SqliteJournal.record
 
     def recording(self, plan, verdict):
-        sets[plan_digest(plan.key())] = (plan.key(), sorted(plan.fp32))
+        # then: the plan as its names (Plan.key()), the whole verdict with its set and every comparison
+        old_rows[plan_digest(plan.key())] = (plan.key(), json.dumps(verdict.to_json()))
         record(self, plan, verdict)
 
     monkeypatch.setattr(SqliteJournal, "record", recording)
     first = _search(model, tmp_path / "a", cache)
     monkeypatch.setattr(SqliteJournal, "record", record)
-    # every row as the forty-first round's journal wrote it: the plan as its names, the verdict with its set and
-    # every comparison it kept (here the worst: the rows hold no more), no slim mark
     db = sqlite3.connect(str(cache / "journal.sqlite"))
-    for key, plan, text, _ in _rows(cache):
-        names, fp32 = sets[plan]
-        doc = json.loads(text)
-        doc.pop("slim"), doc.pop("failing")
-        legacy = json.dumps({"fp32": fp32, **doc})
+    for key, plan, _, _ in _rows(cache):
+        names, legacy = old_rows[plan]
+        assert '"fp32"' in legacy
         db.execute("UPDATE evaluations SET plan=?, verdict=?, checksum=? WHERE key=? AND plan=?",
                    (names, legacy, row_checksum(key, names, legacy), key, plan))
     db.commit()
