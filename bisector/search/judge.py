@@ -59,10 +59,14 @@ class Verdict:
         where its verdict was slimmed (`Oracle.confirm`), so the report has them all."""
         if self.slimmed or len(self.outputs) <= 1:
             return
-        worst = max(self.outputs, key=lambda k: self.outputs[k].excess)
+        worst = self._worst()
         failing = tuple(k for k, r in self.outputs.items() if not r.passed)
         self.outputs, self.slimmed = {worst: self.outputs[worst]}, True
         self.failing_names = failing  # the dict's own key strings: a pointer each
+
+    def _worst(self) -> str:
+        """The name of the output with the largest excess: the one comparison a slim verdict keeps."""
+        return max(self.outputs, key=lambda k: self.outputs[k].excess)
 
     def to_json(self) -> dict:
         return {"fp32": sorted(self.fp32), "passed": self.passed, "worst_set": self.worst_set, "seconds": self.seconds,
@@ -79,7 +83,7 @@ class Verdict:
         d: dict = {"passed": self.passed, "worst_set": self.worst_set, "seconds": self.seconds}
         outputs = self.outputs
         if len(outputs) > 1 or self.slimmed:
-            worst = max(outputs, key=lambda k: outputs[k].excess)
+            worst = self._worst()
             d.update(slim=True, failing=self.failing)
             outputs = {worst: outputs[worst]}
         d["outputs"] = {k: o.to_json() for k, o in outputs.items()}
