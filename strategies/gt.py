@@ -72,6 +72,9 @@ class _Posterior(list):
     operations in the same order, so the same bits."""
 
     __slots__ = ("u", "clean", "_terms")
+    # The one posterior whose terms are kept: 64 cached posteriors' terms held 39 000 tuples (~4 MB) on that chain,
+    # and the binary search of one group size asks one posterior
+    _holder: list["_Posterior | None"] = [None]
 
     def __init__(self, pairs: list[tuple[int, float]], u: int) -> None:
         super().__init__(pairs)
@@ -82,8 +85,12 @@ class _Posterior(list):
     def terms(self) -> list[tuple[int, float, float, float]]:
         """(m, weight, lgamma(m + 1), log C(u, m)) for each pair, the last computed as `_p_clean` computes it."""
         if self._terms is None:
+            held = self._holder[0]
+            if held is not None:
+                held._terms = None
             u, lg = self.u, _lgammas(self.u + 2)
             self._terms = [(m, w, lg[m + 1], lg[u + 1] - lg[m + 1] - lg[u - m + 1]) for m, w in self]
+            self._holder[0] = self
         return self._terms
 
 
@@ -117,9 +124,6 @@ class GroupTesting:
         self.use_scores = use_scores
 
     # ------------------------------------------------------------------ posterior
-    def _log_prior(self, k: int) -> float:
-        return k * math.log(self.prior_decay) - self.prior_power * math.log(k + 1)
-
     def _posterior(self, n_total: int, n_found: int, n_undecided: int) -> list[tuple[int, float]]:
         """P(m culprits remain among the undecided), as (m, weight) pairs that sum to 1."""
         key = (n_total, n_found, n_undecided)
@@ -129,8 +133,9 @@ class GroupTesting:
         u = n_undecided
         logw: list[tuple[int, float]] = []
         top = -math.inf  # the largest log-weight so far
-        # `_log_prior(k) + _log_comb(u, m) - _log_comb(n_total, k)` inlined for k = n_found + m in range: the same
-        # operations in the same order (the prior's log(decay) is the same float each time), a third of the time
+        # log P(k) = k·log(decay) − power·log(k + 1) for k = n_found + m, + log C(u, m) − log C(n_total, k), the
+        # log-binomials from the lgamma table inline: the same operations in the same order as through `_log_comb`
+        # (log(decay) is the same float each time), in a third of the time
         lg = _lgammas(max(u, n_total) + 2)
         log_decay, power = math.log(self.prior_decay), self.prior_power
         for m in range(0, u + 1):

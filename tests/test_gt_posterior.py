@@ -69,3 +69,15 @@ def test_group_sizes_are_those_of_the_plain_arithmetic():
             return min((a, b), key=lambda x: (abs(f(x) - 0.5), x))
 
         assert s._group_size(post, u) == closest(lambda g: _plain_p_clean(plain, u, g), 1, u)
+
+
+def test_one_posterior_holds_its_terms_at_a_time():
+    """The terms cost memory (~100 bytes a pair; 64 cached posteriors of a 1200-node chain held ~4 MB of them):
+    only the posterior asked last keeps them, and its answers stay the same when they are computed again."""
+    s = GroupTesting()
+    a, b = s._posterior(1200, 100, 800), s._posterior(1200, 101, 799)
+    first = s._p_clean(a, 800, 37)
+    s._p_clean(b, 799, 37)
+    assert a._terms is None and b._terms is not None
+    a.clean.clear()
+    assert s._p_clean(a, 800, 37) == first and b._terms is None
