@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections import deque
 from typing import Callable, Iterable, Mapping, Sequence
 
 from bisector.packed_sets import SetMemo
+
+
+WITNESS_WINDOW = 256  # answers of each kind `Asker.non_monotone` compares a new answer with
 
 
 class Asker:
@@ -44,13 +49,32 @@ class Asker:
         # the ``canonical`` hint: the set the oracle judges for a set asked (less its idle FP32 members: the same
         # values): the memo is kept by it, so it counts what is judged
         self._canonical = canonical if callable(canonical) else None
+        # Whether the answers so far show the oracle is not monotone: a set passed whose FP32 members are a
+        # proper subset of a set that failed (more FP32, yet a failure). Checked against the last WITNESS_WINDOW
+        # answers of each kind (bit masks: an AND each), so it costs nothing a search would notice. A monotone
+        # oracle never shows one; real ones near the tolerance do (rounding errors that cancel), and that is where
+        # `pair_removals` can find a smaller set.
+        self.non_monotone = False
+        self._recent: tuple[deque[int], deque[int]] = (deque(maxlen=WITNESS_WINDOW), deque(maxlen=WITNESS_WINDOW))
 
     # ------------------------------------------------------------------ asking
     def _record(self, s: frozenset[str], ok: bool, key=None) -> None:
-        self.memo.set_key(self.memo.key(s) if key is None else key, ok)
+        key = self.memo.key(s) if key is None else key
+        self.memo.set_key(key, ok)
+        if not self.non_monotone and isinstance(key, bytes):
+            self._witness(int.from_bytes(key, "little"), ok)
         if ok and (self.best is None or len(s) < len(self.best)):
             self.best = s
         self.report(len(s))
+
+    def _witness(self, mask: int, ok: bool) -> None:
+        passed, failed = self._recent
+        if ok:  # a passing set inside a failed one
+            self.non_monotone = any(mask & f == mask for f in failed)
+            passed.append(mask)
+        else:  # a failing set holding a passed one
+            self.non_monotone = any(p & mask == p for p in passed)
+            failed.append(mask)
 
     def canon(self, s: Iterable[str]) -> frozenset[str]:
         """`s` as the oracle judges it (the ``canonical`` hint), else as it is."""
@@ -390,3 +414,54 @@ def _excess_or_inf(ask: Asker, s: frozenset[str]) -> float:
     """An asked set's excess for ordering the re-checks; inf where the hint has none (or NaN): last."""
     e = ask.excess(s)
     return e if e is not None and e == e else math.inf
+
+
+def pair_removals(ask: Asker, s: frozenset[str], one_min: Callable[[frozenset[str]], frozenset[str]],
+                  nearest: int = 8) -> frozenset[str]:
+    """From a 1-minimal passing ``s``: try removing two members together, among the ``nearest`` single removals
+    that failed by the least (the ``excess`` hint), pairs of the smallest summed excess first; when one passes,
+    ``one_min`` makes it 1-minimal again and the pairs of the new set are tried, until none of them passes.
+
+    Why: a monotone oracle never passes a pair whose single removals both failed, but a real one near the
+    tolerance does. On Basic Pitch at 1e-2 (docs/benchmarks.md, "Issue 15, forty-third round") the CQT front end's
+    two copy chains each failed alone (excess 1.19 and 1.15: rounding one of two inputs that a later step
+    compares) and passed together (0.85): 66 nodes became 44. Costs up to C(nearest, 2) evaluations per set,
+    fewer where the pairs' sets were asked already (a pair inside one chain of idle members is its single
+    removal). Without the ``excess`` hint, or on a set of fewer than three members, nothing is asked.
+    Removals whose set is the same as another's (``canonical``: one chain of idle members) count once."""
+    if not ask.has_excess or nearest < 2:
+        return s
+    width = max(1, ask.parallel)
+    while len(s) >= 3:
+        ask.phase = "pairs"
+        singles: dict[frozenset[str], str] = {}
+        for x in ask.ordered(s):
+            singles.setdefault(ask.canon(s - {x}), x)
+        misses = []
+        for judged, x in singles.items():
+            e = ask.excess(judged) if ask.known(judged) is False else None
+            if e is not None and math.isfinite(e):
+                misses.append((e, ask.index[x], x))
+        misses.sort()
+        near = misses[:nearest]
+        pairs = sorted(((ea + eb, ia, ib), a, b) for (ea, ia, a), (eb, ib, b) in itertools.combinations(near, 2))
+        proposals: list[frozenset[str]] = []
+        hit = None
+        for _, a, b in pairs:
+            p = ask.canon(s - {a, b})
+            known = ask.known(p)
+            if known:  # asked before and passed (a later step of the search): free
+                hit = p
+                break
+            if known is None and p not in proposals:
+                proposals.append(p)
+        for i in range(0 if hit is None else len(proposals), len(proposals), width):
+            chunk = proposals[i : i + width]
+            answers = ask.many(chunk) if len(chunk) > 1 else [ask(chunk[0])]
+            hit = next((p for p, ok in zip(chunk, answers) if ok), None)
+            if hit is not None:
+                break
+        if hit is None:
+            return s
+        s = one_min(hit)
+    return s

@@ -45,6 +45,16 @@ fixed cost does not pay, ``gt`` goes on), ``auto`` switches:
    "drop two, add one" swaps (``swaps`` tries: two of the lowest-ranked members out, the best-ranked outsider
    in) and the check again.
 
+Pairs (every search, where the answers show the oracle is not monotone)
+------------------------------------------------------------------------
+A 1-minimal set can still lose two members together: near the tolerance two roundings can cancel (Basic Pitch's
+CQT front end rounds two inputs that a later step compares: either alone fails, both together pass). Once some set
+has passed inside one that failed (``Asker.non_monotone``; a monotone oracle never shows that), the last step tries
+removing pairs among the ``pairs`` (8) single removals that failed by the least (the ``excess`` hint), smallest
+summed excess first; a pair that passes is made 1-minimal again and the pairs of the new set are tried, until none
+passes (_util.pair_removals: up to C(8, 2) = 28 evaluations per set, most of which fail). Measured on the registry
+models (docs/benchmarks.md, "Issue 15, forty-third round").
+
 Estimate
 --------
 After the first evaluations (when the first culprit is isolated, or on switching to the diffuse search, and
@@ -66,7 +76,7 @@ from typing import Callable, Mapping, Sequence
 
 from bisector.budget import BudgetExhausted
 
-from ._util import Asker, greedy_reduce, group_reduce, one_minimal, one_minimal_cyclic, repair
+from ._util import Asker, greedy_reduce, group_reduce, one_minimal, one_minimal_cyclic, pair_removals, repair
 from .gt import GroupTesting, _AllFail, _log_comb
 
 
@@ -116,6 +126,8 @@ class Auto(GroupTesting):
     smallest any strategy found went 3.60 → 1.52 and evaluations 1.03 → 0.97 × gt on average; with ±5% jitter
     on additive oracles 1.05 → 0.83 × gt); ``min_candidates`` — no switch below this many candidates (the ranked
     search's fixed cost — ≥ 16 probes, log2 N prefix steps, one check per prefix member — does not pay there);
+    ``pairs`` — the nearest-miss removals whose pairs the last step tries (0: none; see "Pairs" above);
+    ``pairs_anyway`` — try them even where no answer has shown a non-monotone oracle;
     ``nearest_miss`` — with the ``excess`` hint, retry the 1-minimality removals that failed by the least first
     (off: on two generated transformers at tight tolerances it cost 0.59x and 1.76x the evaluations);
     ``recheck_nearest`` — with ``group_removals`` and the ``excess`` hint, once the cyclic check comes back to
@@ -175,6 +187,8 @@ class Auto(GroupTesting):
         diffuse_after_ranked: int = 4,
         near_all: float = 0.05,
         recheck_nearest: bool = False,
+        pairs: int = 8,
+        pairs_anyway: bool = False,
     ) -> None:
         super().__init__(prior_decay, use_scores, power_of_two, smart_split, prior_power)
         self.diffuse_after = diffuse_after
@@ -194,6 +208,8 @@ class Auto(GroupTesting):
         self.diffuse_after_ranked = diffuse_after_ranked
         self.near_all = near_all  # a passing prefix leaving at most this share FP16: checked member by member
         self.recheck_nearest = recheck_nearest
+        self.pairs = pairs
+        self.pairs_anyway = pairs_anyway
         self._switch_after = diffuse_after
         self._model: object = None
 
@@ -227,7 +243,7 @@ class Auto(GroupTesting):
                 return result
             return self._group_testing_after_all(ask, cands, order)
         self._estimate(ask, len(cands), len(found), diffuse=False, final=True)
-        return repair(ask, frozenset(found), order)
+        return self._pairs(ask, repair(ask, frozenset(found), order), order)
 
     def _group_testing(self, ask: Asker, cands: list[str], order: list[str], found: list[str],
                        undecided: list[str]) -> None:
@@ -263,7 +279,7 @@ class Auto(GroupTesting):
         fresh = sum(ask.known(result - {x}) is None for x in result)
         self._estimate(ask, len(cands), len(found), diffuse=True, size=len(found),
                        evaluations=len(ask.memo) + 2 * fresh, at_most_set=True)
-        return self._one_minimal(ask, result, order)
+        return self._pairs(ask, self._one_minimal(ask, result, order), order)
 
     def _estimate_fallback(self, ask: Asker, n: int) -> None:
         """On falling back to ``gt``: what group testing costs over the candidates still undecided, at the share
@@ -601,7 +617,8 @@ class Auto(GroupTesting):
             # member once: the same 1-minimal set in about |prefix| evaluations.
             self._estimate(ask, n, hi, diffuse=True, size=hi, evaluations=len(ask.memo) + hi + 2, at_most_set=True)
             ask.phase = "verify"
-            return self._one_minimal(ask, prefix, list(reversed(rank[:hi])))
+            removal = list(reversed(rank[:hi]))
+            return self._pairs(ask, self._one_minimal(ask, prefix, removal), removal)
         if self.fallback_prefix and hi > self.fallback_prefix * n:
             # The ranking did not concentrate the error: the shortest passing prefix holds most of the model, and
             # shrinking it one chunk at a time costs more than isolating culprits (generated transformers at tight
@@ -630,7 +647,16 @@ class Auto(GroupTesting):
         else:
             result = greedy_reduce(ask, prefix, removal)
         result = self._swap(ask, result, rank, costs)
-        return result
+        return self._pairs(ask, result, rank)
+
+    def _pairs(self, ask: Asker, result: frozenset[str], order: list[str]) -> frozenset[str]:
+        """Every search's last step: pairs of nearest-miss removals (_util.pair_removals), where the answers have
+        shown the oracle is not monotone (``pairs_anyway``: always). A monotone oracle never passes such a pair,
+        so there they would be up to C(pairs, 2) evaluations for nothing: the sparse searches of the monotone
+        benchmark ask none."""
+        if self.pairs < 2 or not (ask.non_monotone or self.pairs_anyway) or ask.known(result) is not True:
+            return result  # (a result that fails is the all-FP32 set reported as failing: nothing to shrink)
+        return pair_removals(ask, result, lambda s: self._one_minimal(ask, s, order), self.pairs)
 
     def _predicted(self, ask: Asker, cands: list[str], found: list[str],
                    hints: Mapping[str, object]) -> dict[str, float] | None:
