@@ -46,6 +46,7 @@ ALSO_OPTIONS: dict[str, object] = {}  # --also KEY=VALUE: a second auto row ("au
 IDLE = True  # --no-idle: the oracle judges every set as asked, idle FP32 members included (before the 26th round)
 ONLY_STRATEGIES: list[str] | None = None  # --strategies: the diffuse tables' rows to run (e.g. auto,auto+)
 INPUT_SEED: int | None = None  # --input-seed: other generated inputs (and text image) for the real-model cases
+HOLD_SEEDS: list[int] = []  # --hold-seeds: judge each registry case's sets again on these other input draws
 USE_EXCESS = True  # --no-excess: strategies get pass/fail only (no `excess` hint), as before the hint existed
 
 
@@ -198,8 +199,9 @@ def _diffuse_table(cases: list[tuple[str, Sequence[str], Callable, int | None]],
     + 1 (passes(R) and every passes(R - {n})), or gt's own count when that is less (staying gt), against
     0.6 x gt's evaluations. A floor, not a forecast: it assumes the smallest set is guessed without a search.
     """
-    print("| case | optimum | strategy | FP32 size | / smallest found | evaluations | / gt | seconds | 1-minimal |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    held = " on other inputs |" if HOLD_SEEDS else ""
+    print(f"| case | optimum | strategy | FP32 size | / smallest found | evaluations | / gt | seconds | 1-minimal |{held}")
+    print("|---|---|---|---|---|---|---|---|---|" + ("---|" if HOLD_SEEDS else ""))
     size_ratios, eval_ratios = [], []
     plus_sizes, plus_evals = [], []
     rows = MINIMAL + (["auto+"] if ALSO_OPTIONS else [])
@@ -207,11 +209,12 @@ def _diffuse_table(cases: list[tuple[str, Sequence[str], Callable, int | None]],
         rows = [s for s in rows if s in ONLY_STRATEGIES]
     for label, cands, f, opt in cases:
         res = run_on_oracle(cands, f, rows)
+        holds = {s: _holds(f, res[s]["result"]) for s in rows}
         if "gt" not in res:  # --strategies without gt: the rows alone (ratios to another run's table by hand)
             for s in rows:
                 r = res[s]
                 print(f"| {label} | ? | {s} | {len(r['result'])} | | {r['evaluations']} | | {r['seconds']:.2f} | "
-                      f"{bool(r['passes']) and bool(r['one_minimal'])} |")
+                      f"{bool(r['passes']) and bool(r['one_minimal'])} |{holds[s]}")
             continue
         if bound:
             smallest = min(len(r["result"]) for r in res.values())
@@ -226,7 +229,8 @@ def _diffuse_table(cases: list[tuple[str, Sequence[str], Callable, int | None]],
             r = res[s]
             size, ev = len(r["result"]), r["evaluations"]
             print(f"| {label} | {opt if opt is not None else '?'} | {s} | {size} | {size / max(smallest, 1):.2f} | {ev} | "
-                  f"{ev / gt_evals:.2f} | {r['seconds']:.2f} | {bool(r['passes']) and bool(r['one_minimal'])} |")
+                  f"{ev / gt_evals:.2f} | {r['seconds']:.2f} | {bool(r['passes']) and bool(r['one_minimal'])} |"
+                  f"{holds[s]}")
         for st in getattr(f, "prediction_stats", []):
             print(f"| {label} | | (predicted ranking: {st.get('runs', 0)} single-node emulator runs, "
                   f"{st.get('seconds', 0.0):.1f} s, predicted prefix {st.get('predicted_prefix')}) | | | | | | |")
@@ -240,6 +244,19 @@ def _diffuse_table(cases: list[tuple[str, Sequence[str], Callable, int | None]],
     if plus_sizes:
         _summary(f"auto+ ({ALSO_OPTIONS} on top)", plus_sizes, plus_evals, who="auto+")
     return size_ratios, eval_ratios
+
+
+def _holds(f: Callable, result: frozenset[str]) -> str:
+    """A table cell for --hold-seeds: on how many of the other input draws the set passes, and the worst excess
+    there (error / tolerance; a set that passes has at most 1). Empty without --hold-seeds or for a case that has
+    no other draws (fixture cases)."""
+    others = getattr(f, "held_out", None)
+    if not others:
+        return ""
+    verdicts = [o(frozenset(result)) for o in others]
+    worst = max((v.excess for v in verdicts if v.excess is not None), default=None)
+    shown = "?" if worst is None else f"{worst:.2f}"
+    return f" holds {sum(v.passed for v in verdicts)}/{len(verdicts)}, worst excess {shown} |"
 
 
 def _gt_evals_before_switch(cands: Sequence[str], f: Callable) -> int | None:
@@ -310,8 +327,12 @@ def real_models(fixtures: bool = True, registry: bool = True, only: str | None =
     models: list[tuple[str, Path, list[str]]] = []
     if fixtures:
         models += _fixture_cases(root, Path(tmp.name))
+    redrawn: dict[str, list[tuple[Path, list[str]]]] = {}  # --hold-seeds: label -> the case on other inputs
     if registry:
-        models += _registry_cases(Path(tmp.name), only)
+        models += _registry_cases(Path(tmp.name), only, INPUT_SEED)
+        for seed in HOLD_SEEDS:
+            for label, path, args in _registry_cases(Path(tmp.name), only, seed):
+                redrawn.setdefault(label, []).append((path, args))
     if only:
         models = [m for m in models if only in m[0]]
     cases = []
@@ -323,7 +344,13 @@ def real_models(fixtures: bool = True, registry: bool = True, only: str | None =
         if not oracle.passes(frozenset(oracle.candidates)):
             print(f"({label}: even all-FP32 fails; skipped)")
             continue
-        cases.append((f"{label} (N={len(oracle.candidates)})", list(oracle.candidates), _with_excess(oracle), None))
+        f = _with_excess(oracle)
+        f.held_out = []  # type: ignore[attr-defined]
+        for other_path, other_args in redrawn.get(label, []):
+            other = open_job(other_path, no_cache=True, **options_from_flags(other_args))
+            jobs.append(other)
+            f.held_out.append(other.oracle(idle=IDLE).evaluate)  # type: ignore[attr-defined]
+        cases.append((f"{label} (N={len(oracle.candidates)})", list(oracle.candidates), f, None))
     if cases:
         _summary("real models", *_diffuse_table(cases, bound=True))
     for job in jobs:
@@ -414,7 +441,8 @@ REGISTRY_CASES: list[tuple[str, str, list[str]]] = [
 ]
 
 
-def _registry_cases(tmp: Path, only: str | None = None) -> list[tuple[str, Path, list[str]]]:
+def _registry_cases(tmp: Path, only: str | None = None,
+                    seed: int | None = None) -> list[tuple[str, Path, list[str]]]:
     from registry_models import MODELS, fetch
 
     out: list[tuple[str, Path, list[str]]] = []
@@ -428,11 +456,11 @@ def _registry_cases(tmp: Path, only: str | None = None) -> list[tuple[str, Path,
         if path is None:
             continue  # fetch() said why
         flags = list(MODELS[name].input_flags)
-        if INPUT_SEED is not None:
-            flags += ["--seed", str(INPUT_SEED)]
+        if seed is not None:
+            flags += ["--seed", str(seed)]
         if "@text-image" in args:
             args = [a for a in args if a != "@text-image"]
-            npz = _text_image(tmp / "text.npz", seed=INPUT_SEED or 0)
+            npz = _text_image(tmp / f"text-{seed or 0}.npz", seed=seed or 0)
             if npz is None:
                 print(f"({name} {label}: no Pillow to draw the text image; skipped)")
                 continue
@@ -653,6 +681,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--input-seed", type=int, default=None, metavar="N",
                     help="the real-model cases on other inputs: `--seed N` for generated inputs, the text image "
                          "drawn with seed N (another draw of each case's oracle: how much of a table is luck)")
+    ap.add_argument("--hold-seeds", default="", metavar="N,M",
+                    help="the registry cases: judge each strategy's set again on the case's inputs drawn with these "
+                         "seeds (as --input-seed draws them) and add a column: on how many it passes, and the worst "
+                         "excess there (does a set found on one input hold on others)")
     args = ap.parse_args(argv)
     if args.shared_pool:
         import os
@@ -665,6 +697,7 @@ def main(argv: list[str] | None = None) -> None:
             into[key] = (low == "true") if low in ("true", "false") else _number(value)
     global USE_EXCESS, IDLE, INPUT_SEED, ONLY_STRATEGIES
     INPUT_SEED = args.input_seed
+    HOLD_SEEDS[:] = [int(x) for x in args.hold_seeds.split(",") if x.strip()]
     ONLY_STRATEGIES = args.strategies.split(",") if args.strategies else None
     USE_EXCESS = not args.no_excess
     IDLE = not args.no_idle
