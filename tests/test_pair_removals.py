@@ -7,7 +7,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from strategy_oracles import is_one_minimal, monotone, names, random_culprits  # noqa: E402
+from strategy_oracles import additive, additive_case, is_one_minimal, monotone, names, random_culprits  # noqa: E402
 
 from bisector.strategies import CountingOracle, load_strategies  # noqa: E402
 from bisector.strategies._util import Asker, pair_removals  # noqa: E402
@@ -117,3 +117,19 @@ def test_pair_removals_asks_the_nearest_pairs_once_and_keeps_a_set_none_of_them_
     asked = [need - c for c in oracle.calls[7:]]
     assert asked == [frozenset(cands[:2]), frozenset((cands[0], cands[2])), frozenset(cands[1:3])]
     assert oracle.distinct == 10  # C(3, 2) new sets, in order of summed excess
+
+
+def test_the_diffuse_estimate_prices_in_the_pairs_that_cost_something():
+    """The estimate said once the prefix is known counts the last step's C(pairs, 2) tries (its cost where no
+    pair passes), since the step comes after it; without the `excess` hint no pair is asked and none is counted."""
+    cands, w, t = additive_case(200, 1.0, 0.2, 0)
+    for hinted in (True, False):
+        said = {}
+        for pairs in (0, 8):
+            f = additive(w, t, jitter=0.2, seed=0)
+            events: list[dict] = []
+            hints = {"excess": f.excess} if hinted else {}
+            AUTO(pairs=pairs).search(cands, CountingOracle(f), progress=events.append, **hints)
+            said[pairs] = next(d["estimate"]["evaluations"] for d in events
+                               if "estimate" in d and d["estimate"].get("set_at_most"))
+        assert said[8] - said[0] == (28 if hinted else 0), (hinted, said)
