@@ -138,3 +138,23 @@ def test_a_failing_all_fp32_set_from_the_journal_names_every_failing_output(tmp_
         assert all(f"{o} (needs abs" in err for o in outs), (run, err)
     rows = _rows(tmp_path / "c")
     assert len(rows) == 1 and json.loads(rows[0][2])["slim"]  # the second run read the slim row, then judged again
+
+
+def test_a_journal_is_not_replayed_on_a_machine_whose_cpu_kernels_differ(tmp_path, monkeypatch):
+    """A cache directory shared by machines of other kinds (NFS home, one CI cache for a mixed fleet): the
+    emulator's last bits depend on the CPU's instruction set and the ORT pool, so one machine's verdicts are not
+    another's. The same machine replays them all."""
+    from bisector import machine
+
+    model, _ = _many_outputs(tmp_path / "m.onnx", n=12)
+    cache = tmp_path / "c"
+    first = _search(model, tmp_path / "a", cache)
+    assert first["evaluations"]["total"] > 3
+    real = machine.cpu_kernels()
+    monkeypatch.setattr(machine, "cpu_kernels", lambda: "avx2; one shared pool of 64 threads")
+    other = _search(model, tmp_path / "b", cache)
+    assert other["evaluations"]["cached"] == 0 and other["evaluations"]["new"] == first["evaluations"]["total"]
+    monkeypatch.setattr(machine, "cpu_kernels", lambda: real)
+    again = _search(model, tmp_path / "c2", cache)
+    assert again["evaluations"]["new"] == 0 and again["evaluations"]["cached"] == first["evaluations"]["total"]
+    assert first["backend"]["cpu_kernels"] == real

@@ -398,27 +398,10 @@ def _headroom(verdict: Verdict) -> float | None:
 
 
 def machine_description() -> dict[str, str]:
-    """Where the verdicts were measured: emulated numerics can depend on the CPU's kernels (instruction set)."""
-    import platform
+    """Where the verdicts were measured: emulated numerics can depend on the CPU's kernels (bisector.machine)."""
+    from bisector import machine
 
-    import onnxruntime
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            info = f.read(65536)
-        for line in info.splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-        flags = next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), [])
-        isa = " ".join(x for x in ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile") if x in flags)
-    except OSError:
-        isa = ""
-    from bisector import ort_pool
-
-    return {"cpu": cpu, "isa": isa or platform.machine(), "onnxruntime": onnxruntime.__version__,
-            "python": platform.python_version(), "ort_threads": ort_pool.describe()}
+    return machine.description()
 
 
 def _load_scores(source: str, candidates) -> dict[str, float]:

@@ -18,7 +18,7 @@ from typing import Iterator, Mapping, Sequence
 import numpy as np
 import onnxruntime as ort
 
-from bisector import __version__
+from bisector import __version__, machine
 from bisector.model.catalog import Catalog
 from bisector.backends.emulate.executor import NodeExecutor, Overlay
 from bisector.backends.emulate.reference import ReferenceStore
@@ -68,8 +68,10 @@ class EmulateBackend:
 
     def describe(self) -> dict[str, str]:
         tag = rules_tag(self.arithmetic)
+        # cpu_kernels: part of the journal's key, since the same plan's bits can differ on another CPU or pool
         return {"backend": self.name, "onnxruntime": ort.__version__,
-                "rules": tag if self.storage == "fp16" else f"bf16-{tag}", "bisector": __version__}
+                "rules": tag if self.storage == "fp16" else f"bf16-{tag}", "bisector": __version__,
+                "cpu_kernels": machine.cpu_kernels()}
 
     def rounded_weights(self) -> dict[str, np.ndarray]:
         """The FP16-rounded weight copies the search still holds (by the weight rule: FP16 arrays, or FP32 arrays
