@@ -189,6 +189,7 @@ class Auto(GroupTesting):
         recheck_nearest: bool = False,
         pairs: int = 8,
         pairs_anyway: bool = False,
+        pairs_chain: bool = False,
     ) -> None:
         super().__init__(prior_decay, use_scores, power_of_two, smart_split, prior_power)
         self.diffuse_after = diffuse_after
@@ -210,6 +211,7 @@ class Auto(GroupTesting):
         self.recheck_nearest = recheck_nearest
         self.pairs = pairs
         self.pairs_anyway = pairs_anyway
+        self.pairs_chain = pairs_chain
         self._switch_after = diffuse_after
         self._model: object = None
 
@@ -672,7 +674,8 @@ class Auto(GroupTesting):
         benchmark ask none."""
         if self.pairs < 2 or not (ask.non_monotone or self.pairs_anyway) or ask.known(result) is not True:
             return result  # (a result that fails is the all-FP32 set reported as failing: nothing to shrink)
-        return pair_removals(ask, result, lambda s: self._one_minimal(ask, s, order), self.pairs)
+        return pair_removals(ask, result, lambda s: self._one_minimal(ask, s, order), self.pairs,
+                             chain=self.pairs_chain)
 
     def _predicted(self, ask: Asker, cands: list[str], found: list[str],
                    hints: Mapping[str, object]) -> dict[str, float] | None:

@@ -20,7 +20,7 @@ LAYERS = [
     ("backends",),
     ("fp16",),
     ("model", "costs"),
-    ("compare", "values", "files", "errors", "budget", "packed_sets", "text", "cores", "heap", "ort_pool"),
+    ("compare", "values", "files", "errors", "budget", "packed_sets", "text", "cores", "heap", "ort_pool", "machine"),
 ]
 RANK = {name: i for i, names in enumerate(LAYERS) for name in names}
 
