@@ -133,3 +133,34 @@ def test_the_diffuse_estimate_prices_in_the_pairs_that_cost_something():
             said[pairs] = next(d["estimate"]["evaluations"] for d in events
                                if "estimate" in d and d["estimate"].get("set_at_most"))
         assert said[8] - said[0] == (28 if hinted else 0), (hinted, said)
+
+
+def test_chained_pairs_take_out_every_cancelling_pair_before_one_check():
+    """Two twin pairs, each failing alone and passing together: with ``chain`` one round takes out both and the
+    1-minimality check runs once; without, once per pair. The same set either way."""
+    cands = names(40)
+    culprits = frozenset(cands[i] for i in (1, 9, 17, 33))
+    twins = [(cands[5], cands[25]), (cands[12], cands[30])]
+
+    def excess(s):
+        s = frozenset(s)
+        return 0.5 + 2.0 * len(culprits - s) + sum(0.6 for a, b in twins if (a in s) != (b in s))
+
+    f = _with_excess(lambda s: excess(s) <= 1.0, excess)
+    start = culprits | {x for t in twins for x in t}
+    results = {}
+    for chain in (False, True):
+        oracle = CountingOracle(f)
+        ask = Asker(cands, oracle, {"excess": f.excess})
+        assert ask(start) and not any(ask(start - {x}) for x in start)  # 1-minimal
+        checks = []
+
+        def one_min(t, checks=checks, ask=ask):  # the check's cost: every single removal asked
+            checks.append(t)
+            assert not any([ask(t - {x}) for x in t])
+            return t
+
+        results[chain] = (pair_removals(ask, start, one_min, chain=chain), len(checks), oracle.distinct)
+    assert results[False][0] == results[True][0] == culprits
+    assert results[False][1] == 2 and results[True][1] == 1
+    assert results[True][2] < results[False][2]
