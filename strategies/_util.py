@@ -417,7 +417,7 @@ def _excess_or_inf(ask: Asker, s: frozenset[str]) -> float:
 
 
 def pair_removals(ask: Asker, s: frozenset[str], one_min: Callable[[frozenset[str]], frozenset[str]],
-                  nearest: int = 8, chain: bool = False) -> frozenset[str]:
+                  nearest: int = 8) -> frozenset[str]:
     """From a 1-minimal passing ``s``: try removing two members together, among the ``nearest`` single removals
     that failed by the least (the ``excess`` hint), pairs of the smallest summed excess first; when one passes,
     ``one_min`` makes it 1-minimal again and the pairs of the new set are tried, until none of them passes.
@@ -455,50 +455,13 @@ def pair_removals(ask: Asker, s: frozenset[str], one_min: Callable[[frozenset[st
                 break
             if known is None and p not in proposals:
                 proposals.append(p)
-        if chain:
-            hit = _chained_pairs(ask, s, [(a, b) for _, a, b in pairs], width)
-        else:
-            for i in range(0 if hit is None else len(proposals), len(proposals), width):
-                chunk = proposals[i : i + width]
-                answers = ask.many(chunk) if len(chunk) > 1 else [ask(chunk[0])]
-                hit = next((p for p, ok in zip(chunk, answers) if ok), None)
-                if hit is not None:
-                    break
+        for i in range(0 if hit is None else len(proposals), len(proposals), width):
+            chunk = proposals[i : i + width]
+            answers = ask.many(chunk) if len(chunk) > 1 else [ask(chunk[0])]
+            hit = next((p for p, ok in zip(chunk, answers) if ok), None)
+            if hit is not None:
+                break
         if hit is None:
             return s
         s = one_min(hit)
     return s
-
-
-def _chained_pairs(ask: Asker, s: frozenset[str], pairs: list[tuple[str, str]], width: int) -> frozenset[str] | None:
-    """``chain``: after a pair passes, go on down the same list on the smaller set (pairs whose members are both
-    still in it) before the 1-minimality check, so one check pays for every pair a round takes out. The list's
-    order is from the single removals of the set the round began with. None where no pair passed."""
-    cur, taken = s, False
-    todo = list(pairs)
-    while todo:
-        proposals: list[tuple[frozenset[str], int]] = []
-        for j, (a, b) in enumerate(todo):
-            if a in cur and b in cur:
-                p = ask.canon(cur - {a, b})
-                if all(p != q for q, _ in proposals):
-                    proposals.append((p, j))
-        if not proposals:
-            break
-        hit_at = None
-        for i in range(0, len(proposals), width):
-            chunk = proposals[i : i + width]
-            known = [ask.known(p) for p, _ in chunk]
-            if any(k is True for k in known):
-                hit_at = next(c for c, k in zip(chunk, known) if k is True)
-                break
-            asked = [p for (p, _), k in zip(chunk, known) if k is None]
-            answers = dict(zip(asked, ask.many(asked) if len(asked) > 1 else [ask(q) for q in asked]))
-            hit_at = next(((p, j) for p, j in chunk if answers.get(p)), None)
-            if hit_at is not None:
-                break
-        if hit_at is None:
-            break
-        cur, taken = hit_at[0], True
-        todo = todo[hit_at[1] + 1 :]
-    return cur if taken else None

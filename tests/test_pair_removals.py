@@ -121,46 +121,34 @@ def test_pair_removals_asks_the_nearest_pairs_once_and_keeps_a_set_none_of_them_
 
 def test_the_diffuse_estimate_prices_in_the_pairs_that_cost_something():
     """The estimate said once the prefix is known counts the last step's C(pairs, 2) tries (its cost where no
-    pair passes), since the step comes after it; without the `excess` hint no pair is asked and none is counted."""
+    pair passes), since the step comes after it; without the `excess` hint no pair is asked and none is counted,
+    nor for a set larger than `pairs_max_set`."""
     cands, w, t = additive_case(200, 1.0, 0.2, 0)
-    for hinted in (True, False):
+    for hinted, max_set in ((True, 0), (False, 0), (True, 64)):
         said = {}
         for pairs in (0, 8):
             f = additive(w, t, jitter=0.2, seed=0)
             events: list[dict] = []
             hints = {"excess": f.excess} if hinted else {}
-            AUTO(pairs=pairs).search(cands, CountingOracle(f), progress=events.append, **hints)
-            said[pairs] = next(d["estimate"]["evaluations"] for d in events
-                               if "estimate" in d and d["estimate"].get("set_at_most"))
-        assert said[8] - said[0] == (28 if hinted else 0), (hinted, said)
+            AUTO(pairs=pairs, pairs_max_set=max_set).search(cands, CountingOracle(f), progress=events.append,
+                                                           **hints)
+            said[pairs] = next(d["estimate"] for d in events if "estimate" in d and d["estimate"].get("set_at_most"))
+        assert said[8]["set_size"] > 64  # the prefix: larger than the default limit
+        priced = hinted and max_set == 0
+        assert said[8]["evaluations"] - said[0]["evaluations"] == (28 if priced else 0), (hinted, max_set, said)
 
 
-def test_chained_pairs_take_out_every_cancelling_pair_before_one_check():
-    """Two twin pairs, each failing alone and passing together: with ``chain`` one round takes out both and the
-    1-minimality check runs once; without, once per pair. The same set either way."""
-    cands = names(40)
-    culprits = frozenset(cands[i] for i in (1, 9, 17, 33))
-    twins = [(cands[5], cands[25]), (cands[12], cands[30])]
-
-    def excess(s):
-        s = frozenset(s)
-        return 0.5 + 2.0 * len(culprits - s) + sum(0.6 for a, b in twins if (a in s) != (b in s))
-
-    f = _with_excess(lambda s: excess(s) <= 1.0, excess)
-    start = culprits | {x for t in twins for x in t}
+def test_no_pairs_for_a_set_larger_than_the_limit():
+    """Two nodes are under 3 % of a set over 64 members, and a pair that passes costs a new 1-minimality check of
+    the whole set: the step leaves such sets alone by default (`pairs_max_set=0`: no limit)."""
+    cands = names(300)
+    culprits = frozenset(cands[i] for i in range(0, 280, 4))  # 70 culprits
+    a, b = cands[101], cands[203]
+    f = _twin_inputs(cands, culprits, a, b)
     results = {}
-    for chain in (False, True):
+    for max_set in (64, 0):
         oracle = CountingOracle(f)
-        ask = Asker(cands, oracle, {"excess": f.excess})
-        assert ask(start) and not any(ask(start - {x}) for x in start)  # 1-minimal
-        checks = []
-
-        def one_min(t, checks=checks, ask=ask):  # the check's cost: every single removal asked
-            checks.append(t)
-            assert not any([ask(t - {x}) for x in t])
-            return t
-
-        results[chain] = (pair_removals(ask, start, one_min, chain=chain), len(checks), oracle.distinct)
-    assert results[False][0] == results[True][0] == culprits
-    assert results[False][1] == 2 and results[True][1] == 1
-    assert results[True][2] < results[False][2]
+        results[max_set] = AUTO(pairs_anyway=True, pairs_max_set=max_set).search(cands, oracle, excess=f.excess)
+        assert oracle(results[max_set]) and is_one_minimal(oracle, results[max_set])
+    assert results[64] == culprits | {a, b}
+    assert results[0] == culprits
