@@ -248,11 +248,11 @@ def _diffuse_table(cases: list[tuple[str, Sequence[str], Callable, int | None]],
 
 def _holds(f: Callable, result: frozenset[str]) -> str:
     """A table cell for --hold-seeds: on how many of the other input draws the set passes, and the worst excess
-    there (error / tolerance; a set that passes has at most 1). Empty without --hold-seeds or for a case that has
-    no other draws (fixture cases)."""
+    there (error / tolerance; a set that passes has at most 1). Empty without --hold-seeds; a dash for a case
+    that has no other draws (fixture cases)."""
     others = getattr(f, "held_out", None)
     if not others:
-        return ""
+        return " — |" if HOLD_SEEDS else ""  # a fixture case: its inputs are not drawn by seed
     verdicts = [o(frozenset(result)) for o in others]
     worst = max((v.excess for v in verdicts if v.excess is not None), default=None)
     shown = "?" if worst is None else f"{worst:.2f}"
