@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 
-from bisector import __version__
+from bisector import __version__, machine
 from bisector.app.job import Job, build_job, unjudged_branches
 from bisector.app.options import BackendChoice, Cache, Inputs, Search, Tolerances, split_options
 from bisector.errors import UsageError
@@ -387,7 +387,7 @@ def _constraints(job: Job, model: Path, result: SearchResult, strategy: str, tim
         pinned=cat.pinned, unjudged_branches=unjudged, timings=timings,
         fp16_unreachable={k: v.to_json() for k, v in result.unreachable.items()},
         outputs={k: v.to_json() for k, v in result.verdict.outputs.items()},
-        worst_input_set=result.verdict.worst_set, headroom=_headroom(result.verdict), machine=machine_description(),
+        worst_input_set=result.verdict.worst_set, headroom=_headroom(result.verdict), machine=machine.description(),
     )
 
 
@@ -395,13 +395,6 @@ def _headroom(verdict: Verdict) -> float | None:
     """1 - excess of the worst output: the fraction of the tolerance the final set leaves unused."""
     excess = verdict.excess
     return None if excess == float("inf") else 1.0 - excess
-
-
-def machine_description() -> dict[str, str]:
-    """Where the verdicts were measured: emulated numerics can depend on the CPU's kernels (bisector.machine)."""
-    from bisector import machine
-
-    return machine.description()
 
 
 def _load_scores(source: str, candidates) -> dict[str, float]:
