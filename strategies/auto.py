@@ -131,7 +131,7 @@ class Auto(GroupTesting):
     search's fixed cost — ≥ 16 probes, log2 N prefix steps, one check per prefix member — does not pay there);
     ``pairs`` — the nearest-miss removals whose pairs the last step tries (0: none; see "Pairs" above);
     ``pairs_anyway`` — try them even where no answer has shown a non-monotone oracle; ``pairs_max_set`` —
-    no pairs for a larger set (0: no limit);
+    no pairs for a larger set (0 or less: no limit);
     ``nearest_miss`` — with the ``excess`` hint, retry the 1-minimality removals that failed by the least first
     (off: on two generated transformers at tight tolerances it cost 0.59x and 1.76x the evaluations);
     ``recheck_nearest`` — with ``group_removals`` and the ``excess`` hint, once the cyclic check comes back to
