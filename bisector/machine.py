@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import platform
 
-ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile")  # the flags MLAS picks its kernels by
+ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile")  # some of the flags MLAS picks kernels by
 
 
 @functools.lru_cache(maxsize=1)
